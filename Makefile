@@ -1,0 +1,16 @@
+# The README's two commands. Both set everything up first and can be run again safely.
+.PHONY: run test lint bench
+
+run:
+	@./scripts/setup.sh run
+	.venv/bin/vitscope train --preset fmnist_quick
+
+test:
+	@./scripts/setup.sh test
+	.venv/bin/python -m pytest -q
+
+lint:
+	.venv/bin/ruff check .
+
+bench:
+	.venv/bin/python benchmarks/bench_attention.py

@@ -1,0 +1,344 @@
+"""The Vision Transformer, read top to bottom: patch embedding, MLP, block, config, model.
+
+Parameter names are timm's, so timm checkpoints load as they are. Tokens are (B, N, D) with the
+prefix tokens (CLS) first, then the patches of an h x w grid in row-major order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from vitscope.attention import MultiHeadAttention
+from vitscope.positional import resample_pos_embed, sincos_2d
+
+
+def _pair(x) -> tuple[int, int]:
+    return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
+
+
+class ConvStem(nn.Sequential):
+    """The hybrid input of the ViT paper, small: 3x3 conv -> BatchNorm -> GELU per (channels, stride)."""
+
+    def __init__(self, in_chans: int, layers: list[tuple[int, int]]):
+        modules, c = [], in_chans
+        for out, stride in layers:
+            modules += [nn.Conv2d(c, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out), nn.GELU()]
+            c = out
+        super().__init__(*modules)
+        self.out_chans = c
+        self.stride = math.prod(s for _, s in layers)
+
+
+class PatchEmbed(nn.Module):
+    """Cut the image into P x P patches and project each: a conv with stride = kernel = P.
+
+    With a conv stem the stem's total stride s is taken out of the patch: proj has kernel P / s.
+    """
+
+    def __init__(self, img_size, patch_size: int, in_chans: int, embed_dim: int,
+                 stem: list[tuple[int, int]] | None = None):
+        super().__init__()
+        self.img_size, self.patch_size, self.in_chans = _pair(img_size), int(patch_size), in_chans
+        self.stem = ConvStem(in_chans, stem) if stem else None
+        stride = self.stem.stride if self.stem else 1
+        if patch_size % stride:
+            raise ValueError(f"patch_size {patch_size} is not a multiple of the stem's stride {stride}")
+        k = patch_size // stride
+        self.proj = nn.Conv2d(self.stem.out_chans if self.stem else in_chans, embed_dim, k, k)
+        self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
+
+    def check(self, x: Tensor) -> tuple[int, int]:
+        if x.ndim != 4:
+            raise ValueError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
+        _, c, h, w = x.shape
+        if c != self.in_chans:
+            raise ValueError(f"the model takes {self.in_chans}-channel images, got {c} channels "
+                             f"(input of shape {tuple(x.shape)})")
+        p = self.patch_size
+        if h % p or w % p:
+            raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {p}; "
+                             f"resize or crop to e.g. {h - h % p or p}x{w - w % p or p}")
+        return h // p, w // p
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.check(x)
+        if self.stem is not None:
+            x = self.stem(x)
+        return rearrange(self.proj(x), "b d h w -> b (h w) d")
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init_values: float):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop a sample's whole residual branch with probability p in training."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, *, qkv_bias: bool = True,
+                 qk_norm: bool = False, proj_drop: float = 0.0, attn_drop: float = 0.0,
+                 drop_path: float = 0.0, init_values: float | None = None, norm_eps: float = 1e-6):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, qk_norm=qk_norm,
+                                       attn_drop=attn_drop, proj_drop=proj_drop, norm_eps=norm_eps)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+@dataclass
+class ViTConfig:
+    """Everything that decides a ViT's shape and regularisation; names follow timm's arguments."""
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    class_token: bool = True
+    global_pool: Literal["token", "avg"] = "token"
+    pos_embed: Literal["learn", "sincos2d", "none"] = "learn"
+    fc_norm: bool | None = None  # None: timm's rule, a LayerNorm after pooling iff global_pool == "avg"
+    init_values: float | None = None  # layer scale
+    drop_rate: float = 0.0  # before the head
+    pos_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    norm_eps: float = 1e-6
+    stem: list[tuple[int, int]] = field(default_factory=list)  # conv stem: (channels, stride) per layer
+
+    def __post_init__(self):
+        if self.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+        if self.pos_embed not in ("learn", "sincos2d", "none"):
+            raise ValueError(f"pos_embed must be 'learn', 'sincos2d' or 'none', got {self.pos_embed!r}")
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
+        h, w = _pair(self.img_size)
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(f"img_size {h}x{w} is not a multiple of patch_size {self.patch_size}")
+        self.stem = [tuple(s) for s in self.stem]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stem"] = [list(s) for s in self.stem]
+        d["img_size"] = list(d["img_size"]) if isinstance(d["img_size"], tuple) else d["img_size"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ViTConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown ViTConfig fields: {sorted(unknown)}")
+        d = dict(d)
+        if isinstance(d.get("img_size"), list):
+            d["img_size"] = tuple(d["img_size"])
+        return cls(**d)
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, config: ViTConfig | None = None, **overrides):
+        super().__init__()
+        cfg = config or ViTConfig()
+        if overrides:
+            cfg = ViTConfig.from_dict({**cfg.to_dict(), **overrides})
+        self.config = cfg
+        d = cfg.embed_dim
+        self.num_classes = cfg.num_classes
+        self.num_prefix_tokens = 1 if cfg.class_token else 0
+        self.global_pool = cfg.global_pool
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, d, cfg.stem)
+        gh, gw = self.patch_embed.grid_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
+        if cfg.pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + gh * gw, d))
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+        dpr = [x.item() for x in torch.linspace(0, cfg.drop_path_rate, cfg.depth)]
+        self.blocks = nn.ModuleList([
+            Block(d, cfg.num_heads, cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
+                  proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
+                  init_values=cfg.init_values, norm_eps=cfg.norm_eps)
+            for i in range(cfg.depth)
+        ])
+        use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
+        self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self._pos_cache: dict = {}
+        self.init_weights()
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def init_weights(self) -> None:
+        """timm's default ("jax"-free) init: truncated normal 0.02 for matrices and tables."""
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    # -- tokens ---------------------------------------------------------------------------------
+    def grid_size_for(self, x: Tensor) -> tuple[int, int]:
+        return self.patch_embed.check(x)
+
+    def _pos_for_grid(self, gh: int, gw: int, ref: Tensor) -> Tensor | None:
+        """Position embedding (1, P + gh·gw, D) or (1, gh·gw, D) for the grid at hand."""
+        cfg = self.config
+        if cfg.pos_embed == "none":
+            return None
+        key = (gh, gw, ref.device, ref.dtype,
+               self.pos_embed._version if self.pos_embed is not None else -1)
+        if not torch.is_grad_enabled() and key in self._pos_cache:
+            return self._pos_cache[key]
+        if cfg.pos_embed == "sincos2d":
+            pos = sincos_2d(gh, gw, cfg.embed_dim).to(ref)[None]  # (1, gh·gw, D)
+            if self.num_prefix_tokens:
+                pos = torch.cat([pos.new_zeros(1, self.num_prefix_tokens, cfg.embed_dim), pos], dim=1)
+        else:
+            pos = resample_pos_embed(self.pos_embed, (gh, gw), self.patch_embed.grid_size,
+                                     num_prefix_tokens=self.num_prefix_tokens)
+        if not torch.is_grad_enabled():
+            if len(self._pos_cache) > 16:
+                self._pos_cache.clear()
+            self._pos_cache[key] = pos
+        return pos
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Images (B, C, H, W) -> tokens (B, P + h·w, D) with positions added."""
+        gh, gw = self.patch_embed.check(x)
+        x = self.patch_embed(x)  # (B, h·w, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        pos = self._pos_for_grid(gh, gw, x)
+        if pos is not None:
+            x = x + pos
+        return self.pos_drop(x)
+
+    # -- the model API (timm's) -----------------------------------------------------------------
+    def forward_features(self, x: Tensor) -> Tensor:
+        """All tokens after the last block and the final norm: (B, N, D)."""
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens:].mean(dim=1)
+        return x[:, 0]
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.head_drop(self.fc_norm(self.pool(x)))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: Tensor, indices: int | list[int] | None = None, *, norm: bool = False,
+                              output_fmt: Literal["NLC", "NCHW"] = "NLC", intermediates_only: bool = False,
+                              return_prefix_tokens: bool = False):
+        """Tokens after chosen blocks. `indices`: block numbers, or an int n for the last n blocks.
+
+        Returns (final features, [intermediates]) or only the list. With NCHW, prefix tokens are
+        dropped from the maps (and returned beside them with `return_prefix_tokens`).
+        """
+        depth = len(self.blocks)
+        if indices is None:
+            take = list(range(depth))
+        elif isinstance(indices, int):
+            take = list(range(depth - indices, depth))
+        else:
+            take = [i % depth for i in indices]
+        gh, gw = self.patch_embed.check(x)
+        x = self.embed(x)
+        out = []
+        for i, block in enumerate(self.blocks):
+            x = block(x)
+            if i in take:
+                y = self.norm(x) if norm else x
+                if output_fmt == "NCHW":
+                    prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens:]
+                    y = rearrange(y, "b (h w) d -> b d h w", h=gh, w=gw)
+                    y = (y, prefix) if return_prefix_tokens else y
+                out.append(y)
+        if intermediates_only:
+            return out
+        return self.norm(x), out
+
+    def num_params(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: decay on matrices only, never on norms, biases, tokens or position tables."""
+        skip = self.no_weight_decay()
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
