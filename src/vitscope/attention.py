@@ -43,7 +43,9 @@ def key_padding_mask(
         raise ValueError("key_padding_mask: give exactly one of `lengths` (B,) or `padded` (B, N).")
     if padded is not None:
         if padded.dtype != torch.bool or padded.ndim != 2:
-            raise ValueError(f"`padded` must be a (B, N) bool tensor, got {padded.dtype} {tuple(padded.shape)}")
+            raise ValueError(
+                f"`padded` must be a (B, N) bool tensor, got {padded.dtype} {tuple(padded.shape)}"
+            )
         return (~padded)[:, None, None, :]
     n = int(lengths.max()) if n is None else n
     valid = torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]  # (B, N)
@@ -76,7 +78,9 @@ def _open_empty_rows(mask: Tensor, empty: Tensor) -> Tensor:
     return mask.masked_fill(empty, 0.0)
 
 
-def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+def attention_weights(
+    q: Tensor, k: Tensor, *, mask: Tensor | None = None, scale: float | None = None
+) -> Tensor:
     """softmax(q kᵀ · scale + mask) over keys: (B, H, Nq, Nk), computed in float32."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
@@ -88,11 +92,11 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, scale
     return torch.softmax(scores, dim=-1, dtype=torch.float32)
 
 
-def _use_fused(q: Tensor, k: Tensor, return_weights: bool) -> bool:
+def _use_fused(q: Tensor, k: Tensor, v: Tensor, return_weights: bool) -> bool:
     if return_weights:
         return False
     half = q.dtype in (torch.bfloat16, torch.float16)
-    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cpu" and half and training and k.shape[-2] <= EXPLICIT_HALF_MAX_KEYS:
         return False
     return True
@@ -117,15 +121,20 @@ def attend(
     look at returns zeros. `dropout_p` is applied to the weights as given: pass 0 in eval mode.
     """
     nq, nk = q.shape[-2], k.shape[-2]
+    fused = _use_fused(q, k, v, return_weights)
+    if fused and causal and mask is None and nq == nk:
+        # The kernel's own causal mode never builds the (Nq, Nk) mask, and every row sees itself.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
+
     mask = _combine_masks(mask, causal, nq, nk, q.device)
     empty = None
     if mask is not None:
-        if mask.dtype != torch.bool:
-            mask = mask.to(q.dtype) if _use_fused(q, k, return_weights) else mask
+        if mask.dtype != torch.bool and fused:
+            mask = mask.to(q.dtype)  # the fused kernel wants an additive mask in the query's dtype
         empty = _rows_without_keys(mask)
         mask = _open_empty_rows(mask, empty)
 
-    if _use_fused(q, k, return_weights):
+    if fused:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
         weights = None
     else:
@@ -199,9 +208,12 @@ class MultiHeadAttention(nn.Module):
         norm_eps: float = 1e-6,
     ):
         super().__init__()
-        head_dim = head_dim if head_dim is not None else dim // num_heads
-        if head_dim * num_heads != dim and head_dim == dim // num_heads:
-            raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; pass head_dim explicitly.")
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(
+                    f"dim={dim} is not divisible by num_heads={num_heads}; pass head_dim explicitly."
+                )
+            head_dim = dim // num_heads
         inner = head_dim * num_heads
         self.num_heads, self.head_dim, self.scale = num_heads, head_dim, head_dim**-0.5
         self.cross = cross or context_dim is not None
@@ -222,7 +234,9 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None):
         if not self.cross:
             if context is not None:
-                raise ValueError("this attention was built for self-attention; build it with cross=True for context")
+                raise ValueError(
+                    "this attention was built for self-attention; build it with cross=True for context"
+                )
             qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
             q, k, v = qkv.unbind(0)  # (B, H, N, D) each
             k = self.k_norm(k)
@@ -315,12 +329,15 @@ class AdditiveAttention(nn.Module):
         self.key_proj = nn.Linear(key_dim, hidden_dim, bias=True)
         self.score = nn.Linear(hidden_dim, 1, bias=False)
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, *, mask: Tensor | None = None):
+    def forward(
+        self, query: Tensor, keys: Tensor, values: Tensor | None = None, *, mask: Tensor | None = None
+    ):
         single = query.ndim == 2
         if single:
             query = query[:, None]  # (B, 1, Dq)
         values = keys if values is None else values
-        hidden = torch.tanh(self.query_proj(query)[:, :, None] + self.key_proj(keys)[:, None])  # (B, Nq, Nk, Hd)
+        # (B, Nq, 1, Hd) + (B, 1, Nk, Hd): every query against every key.
+        hidden = torch.tanh(self.query_proj(query)[:, :, None] + self.key_proj(keys)[:, None])
         scores = self.score(hidden).squeeze(-1)  # (B, Nq, Nk)
         if mask is not None:
             mask = mask[:, None] if mask.ndim == 2 else mask
