@@ -64,7 +64,9 @@ def resample_pos_embed(
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     grid = rearrange(grid, "1 (h w) d -> 1 d h w", h=old_size[0], w=old_size[1])
-    grid = F.interpolate(grid.float(), size=tuple(new_size), mode=mode, antialias=antialias, align_corners=False)
+    grid = F.interpolate(
+        grid.float(), size=tuple(new_size), mode=mode, antialias=antialias, align_corners=False
+    )
     grid = rearrange(grid, "1 d h w -> 1 (h w) d").to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)
 
