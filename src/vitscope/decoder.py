@@ -1,0 +1,183 @@
+"""The Transformer decoder, read top to bottom: pre-norm block, the stack, greedy decoding.
+
+Tokens are (B, T) int64; the encoder's output `context` is (B, M, Dc). Padding masks follow
+torch.nn.MultiheadAttention's `key_padding_mask`: (B, N) bool, True marks a pad position.
+Decoding step by step reuses keys and values through one (self, cross) pair of `KVCache` per
+block, and gives the same logits as running the whole prefix again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitscope.attention import KVCache, MultiHeadAttention, key_padding_mask
+from vitscope.positional import LearnedPositionalEmbedding
+from vitscope.vit import Mlp
+
+# One (self-attention, cross-attention) cache per block.
+Caches = list[tuple[KVCache, KVCache]]
+
+
+def _keep_mask(padding_mask: Tensor | None) -> Tensor | None:
+    """(B, N) True-at-padding -> (B, 1, 1, N) True-where-attending, the convention of `attend`."""
+    return None if padding_mask is None else key_padding_mask(padded=padding_mask)
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm decoder block: causal self-attention, cross-attention over the context, MLP.
+
+    x + self_attn(norm1(x)); x + cross_attn(norm2(x), context); x + mlp(norm3(x)).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        *,
+        context_dim: int | None = None,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.self_attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                            proj_drop=drop, norm_eps=norm_eps)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.cross_attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                             proj_drop=drop, cross=True, context_dim=context_dim,
+                                             norm_eps=norm_eps)
+        self.norm3 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None,
+        *,
+        mask: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        caches: tuple[KVCache, KVCache] | None = None,
+        return_weights: bool = False,
+    ):
+        """x (B, T, dim), context (B, M, Dc) -> (B, T, dim).
+
+        `mask` and `context_mask` are `attend` masks (True = may look), broadcastable to
+        (B, H, T, past + T) and (B, H, T, M). With `caches`, x holds only the new tokens and the
+        context may be None once the cross cache is filled. With `return_weights` also returns
+        the self- and cross-attention weights, (B, H, T, past + T) and (B, H, T, M).
+        """
+        self_cache, cross_cache = caches if caches is not None else (None, None)
+        h = self.self_attn(self.norm1(x), mask=mask, causal=True, cache=self_cache,
+                           return_weights=return_weights)
+        h, self_w = h if return_weights else (h, None)
+        x = x + h
+        h = self.cross_attn(self.norm2(x), context, mask=context_mask, cache=cross_cache,
+                            return_weights=return_weights)
+        h, cross_w = h if return_weights else (h, None)
+        x = x + h
+        x = x + self.mlp(self.norm3(x))
+        return (x, self_w, cross_w) if return_weights else x
+
+
+class TransformerDecoder(nn.Module):
+    """Token embedding + learned positions -> decoder blocks -> LayerNorm -> logits over the vocabulary."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        max_len: int,
+        *,
+        context_dim: int | None = None,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        norm_eps: float = 1e-6,
+    ):
+        super().__init__()
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.token_embed = nn.Embedding(vocab_size, dim)
+        self.pos_embed = LearnedPositionalEmbedding(max_len, dim)
+        self.drop = nn.Dropout(drop)
+        self.blocks = nn.ModuleList([
+            DecoderBlock(dim, num_heads, mlp_ratio, context_dim=context_dim, qkv_bias=qkv_bias,
+                         drop=drop, attn_drop=attn_drop, norm_eps=norm_eps)
+            for _ in range(depth)
+        ])
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.head = nn.Linear(dim, vocab_size)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2 / timm style: truncated normal 0.02 for matrices and the token table, zero biases."""
+        nn.init.trunc_normal_(self.token_embed.weight, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def new_caches(self) -> Caches:
+        """Empty (self, cross) key/value caches, one pair per block, for step-by-step decoding."""
+        return [(KVCache(), KVCache()) for _ in self.blocks]
+
+    def forward(
+        self,
+        tokens: Tensor,
+        context: Tensor | None,
+        *,
+        padding_mask: Tensor | None = None,
+        context_padding_mask: Tensor | None = None,
+        caches: Caches | None = None,
+    ) -> Tensor:
+        """tokens (B, T) int64, context (B, M, Dc) -> logits (B, T, vocab_size).
+
+        `padding_mask` (B, past + T) and `context_padding_mask` (B, M) are True at pad positions.
+        With `caches` (from `new_caches`), `tokens` are only the new ones: their positions start
+        at the number of tokens already cached.
+        """
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (B, T) token ids, got shape {tuple(tokens.shape)}")
+        past = len(caches[0][0]) if caches else 0
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"got {len(caches)} caches for {len(self.blocks)} blocks; use new_caches()")
+        if padding_mask is not None and padding_mask.shape[-1] != past + tokens.shape[1]:
+            raise ValueError(f"padding_mask covers {padding_mask.shape[-1]} positions but there are "
+                             f"{past} cached + {tokens.shape[1]} new tokens; pass it for all of them")
+        mask, context_mask = _keep_mask(padding_mask), _keep_mask(context_padding_mask)
+        x = self.drop(self.pos_embed(self.token_embed(tokens), offset=past))  # (B, T, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, context, mask=mask, context_mask=context_mask,
+                      caches=caches[i] if caches is not None else None)
+        return self.head(self.norm(x))  # (B, T, V)
+
+
+@torch.no_grad()
+def greedy_decode(
+    decoder: TransformerDecoder, context: Tensor, *, bos: int, eos: int, max_len: int
+) -> Tensor:
+    """Most likely token at every step, with key/value caches: (B, L) ids starting with `bos`.
+
+    Stops once every sequence has produced `eos` or L reaches `max_len`; a finished sequence is
+    filled with `eos` from there on. Call `decoder.eval()` first for deterministic output.
+    """
+    if max_len > decoder.max_len:
+        raise ValueError(f"max_len={max_len} exceeds the decoder's {decoder.max_len} positions")
+    b = context.shape[0]
+    tokens = torch.full((b, 1), bos, dtype=torch.long, device=context.device)  # (B, 1)
+    done = torch.zeros(b, dtype=torch.bool, device=context.device)
+    caches = decoder.new_caches()
+    step = tokens
+    while tokens.shape[1] < max_len and not done.all():
+        logits = decoder(step, context, caches=caches)  # (B, 1, V): only the newest position
+        step = logits[:, -1].argmax(-1, keepdim=True).masked_fill(done[:, None], eos)  # (B, 1)
+        tokens = torch.cat([tokens, step], dim=1)
+        done |= step[:, 0] == eos
+    return tokens

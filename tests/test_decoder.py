@@ -1,0 +1,144 @@
+"""vitscope.decoder: cached decoding equals recomputing, masks keep what they should out, and the
+attention inside stays inspectable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitscope.decoder import DecoderBlock, TransformerDecoder, greedy_decode
+
+VOCAB, DIM, DEPTH, HEADS, MAX_LEN, CTX_DIM, M = 11, 16, 2, 4, 12, 12, 5
+F32 = dict(atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def decoder() -> TransformerDecoder:
+    torch.manual_seed(0)
+    dec = TransformerDecoder(VOCAB, DIM, DEPTH, HEADS, MAX_LEN, context_dim=CTX_DIM)
+    with torch.no_grad():  # weights large enough that every token and position matters
+        for p in dec.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return dec.eval()
+
+
+def _inputs(b: int = 2, t: int = 7, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (b, t), generator=g), torch.randn(b, M, CTX_DIM, generator=g)
+
+
+def test_shapes_and_context_width(decoder):
+    tokens, ctx = _inputs()
+    assert decoder(tokens, ctx).shape == (2, 7, VOCAB)
+    assert decoder.blocks[0].cross_attn.kv.in_features == CTX_DIM
+
+
+def test_cached_decoding_equals_full_recompute(decoder):
+    tokens, ctx = _inputs()
+    full = decoder(tokens, ctx)
+    caches = decoder.new_caches()
+    steps = [decoder(tokens[:, :3], ctx, caches=caches)]  # a prompt, then one token at a time
+    for t in range(3, tokens.shape[1]):
+        steps.append(decoder(tokens[:, t : t + 1], None, caches=caches))
+    assert len(caches[0][0]) == tokens.shape[1] and len(caches[0][1]) == M
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **F32)
+
+
+def test_future_tokens_do_not_change_earlier_logits(decoder):
+    tokens, ctx = _inputs()
+    changed = tokens.clone()
+    changed[:, 4] = (changed[:, 4] + 1) % VOCAB
+    a, b = decoder(tokens, ctx), decoder(changed, ctx)
+    torch.testing.assert_close(a[:, :4], b[:, :4])
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_tokens_do_not_affect_the_others(decoder, side):
+    tokens, ctx = _inputs()
+    pad = torch.zeros_like(tokens, dtype=torch.bool)
+    if side == "right":
+        pad[0, 5:] = True
+    else:
+        pad[1, :2] = True
+    other = tokens.masked_fill(pad, 3)
+    garbage = tokens.masked_fill(pad, 9)
+    a = decoder(other, ctx, padding_mask=pad)
+    b = decoder(garbage, ctx, padding_mask=pad)
+    assert not a.isnan().any()
+    torch.testing.assert_close(a[~pad], b[~pad])
+    # Without the mask the pad tokens would leak into later positions.
+    if side == "left":
+        assert not torch.allclose(decoder(other, ctx)[1, 2:], decoder(garbage, ctx)[1, 2:])
+
+
+def test_context_padding_and_context_matter(decoder):
+    tokens, ctx = _inputs()
+    ctx_pad = torch.zeros(2, M, dtype=torch.bool)
+    ctx_pad[0, 3:] = True
+    noisy = ctx.clone()
+    noisy[0, 3:] += 5.0
+    torch.testing.assert_close(decoder(tokens, ctx, context_padding_mask=ctx_pad),
+                               decoder(tokens, noisy, context_padding_mask=ctx_pad))
+    # Cross-attention reads the context: a different image gives different logits everywhere.
+    other = decoder(tokens, torch.randn_like(ctx))
+    assert not torch.isclose(decoder(tokens, ctx), other).all(-1).any()
+
+
+def test_padding_mask_must_cover_cached_tokens(decoder):
+    tokens, ctx = _inputs()
+    caches = decoder.new_caches()
+    decoder(tokens[:, :3], ctx, caches=caches)
+    with pytest.raises(ValueError, match="3 cached"):
+        decoder(tokens[:, 3:4], ctx, caches=caches, padding_mask=torch.zeros(2, 1, dtype=torch.bool))
+    decoder(tokens[:, 3:4], ctx, caches=caches, padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+
+
+def test_too_long_a_sequence_is_a_clear_error(decoder):
+    with pytest.raises(ValueError, match="exceeds"):
+        decoder(torch.zeros(1, MAX_LEN + 1, dtype=torch.long), torch.randn(1, M, CTX_DIM))
+
+
+def test_block_weights_and_capture_hook():
+    torch.manual_seed(0)
+    block = DecoderBlock(DIM, HEADS, context_dim=CTX_DIM).eval()
+    x, ctx = torch.randn(2, 6, DIM), torch.randn(2, M, CTX_DIM)
+    out, self_w, cross_w = block(x, ctx, return_weights=True)
+    torch.testing.assert_close(out, block(x, ctx))
+    assert self_w.shape == (2, HEADS, 6, 6) and cross_w.shape == (2, HEADS, 6, M)
+    assert (self_w.triu(diagonal=1) == 0).all()  # the self-attention is causal
+    seen = {}
+    block.self_attn.capture = lambda m, w: seen.__setitem__("self", w)
+    block.cross_attn.capture = lambda m, w: seen.__setitem__("cross", w)
+    torch.testing.assert_close(block(x, ctx), out, **F32)
+    torch.testing.assert_close(seen["self"], self_w)
+    torch.testing.assert_close(seen["cross"], cross_w)
+
+
+def test_greedy_decode_follows_the_full_forward_and_stops_at_eos(decoder):
+    _, ctx = _inputs(b=3)
+    bos, eos = 1, 2
+    out = greedy_decode(decoder, ctx, bos=bos, eos=eos, max_len=MAX_LEN)
+    assert out.shape[0] == 3 and out.shape[1] <= MAX_LEN and (out[:, 0] == bos).all()
+    # Every generated token is the argmax of the full (uncached) forward on its prefix,
+    # until that sequence's eos; after it only eos follows.
+    logits = decoder(out[:, :-1], ctx)
+    for b in range(3):
+        row = out[b].tolist()
+        end = row.index(eos) if eos in row else len(row) - 1
+        assert torch.equal(logits[b, :end].argmax(-1), out[b, 1 : end + 1])
+        assert all(t == eos for t in row[end:]) or eos not in row
+
+
+def test_greedy_decode_stops_early_and_respects_max_len(decoder):
+    _, ctx = _inputs(b=2)
+    with torch.no_grad():
+        decoder.head.weight.zero_()
+        decoder.head.bias.copy_(torch.nn.functional.one_hot(torch.tensor(2), VOCAB).float())
+    assert torch.equal(greedy_decode(decoder, ctx, bos=1, eos=2, max_len=8), torch.tensor([[1, 2], [1, 2]]))
+    with torch.no_grad():
+        decoder.head.bias.copy_(torch.nn.functional.one_hot(torch.tensor(5), VOCAB).float())
+    out = greedy_decode(decoder, ctx, bos=1, eos=2, max_len=6)
+    assert out.shape == (2, 6) and (out[:, 1:] == 5).all()
+    with pytest.raises(ValueError, match="exceeds"):
+        greedy_decode(decoder, ctx, bos=1, eos=2, max_len=MAX_LEN + 1)
