@@ -148,6 +148,10 @@ class ViTConfig:
     class_token: bool = True
     global_pool: Literal["token", "avg"] = "token"
     pos_embed: Literal["learn", "sincos2d", "none"] = "learn"
+    # How a learned table is resampled for another image size: bicubic with antialias is timm's
+    # rule; transformers' `interpolate_pos_encoding` uses plain bicubic (different weights even when
+    # upsampling), so models converted from transformers set this False to match it exactly.
+    pos_embed_antialias: bool = True
     fc_norm: bool | None = None  # None: timm's rule, a LayerNorm after pooling iff global_pool == "avg"
     init_values: float | None = None  # layer scale
     drop_rate: float = 0.0  # before the head
@@ -209,7 +213,9 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
-        dpr = [x.item() for x in torch.linspace(0, cfg.drop_path_rate, cfg.depth)]
+        # timm's stochastic-depth schedule; on the CPU explicitly so that building under
+        # `with torch.device("meta")` (shape-only models) works
+        dpr = [x.item() for x in torch.linspace(0, cfg.drop_path_rate, cfg.depth, device="cpu")]
         self.blocks = nn.ModuleList([
             Block(d, cfg.num_heads, cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm,
                   proj_drop=cfg.proj_drop_rate, attn_drop=cfg.attn_drop_rate, drop_path=dpr[i],
@@ -260,7 +266,8 @@ class VisionTransformer(nn.Module):
                 pos = torch.cat([pos.new_zeros(1, self.num_prefix_tokens, cfg.embed_dim), pos], dim=1)
         else:
             pos = resample_pos_embed(self.pos_embed, (gh, gw), self.patch_embed.grid_size,
-                                     num_prefix_tokens=self.num_prefix_tokens)
+                                     num_prefix_tokens=self.num_prefix_tokens,
+                                     antialias=cfg.pos_embed_antialias)
         if not torch.is_grad_enabled():
             if len(self._pos_cache) > 16:
                 self._pos_cache.clear()
