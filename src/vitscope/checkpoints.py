@@ -1,0 +1,442 @@
+"""Getting weights in and out: our safetensors format, timm's and transformers' ViT weights, resume state.
+
+Every loader goes through `check_state_dict`, so a checkpoint that does not fit the model is an
+error naming the tensor, never a torch traceback. Every writer goes through `atomic_write`, so a
+crash leaves the old file or the new one, never half of one. Nothing here unpickles code:
+weights are safetensors, and resume state is read with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from vitscope.positional import resample_pos_embed
+from vitscope.vit import VisionTransformer, ViTConfig
+
+FORMAT_VERSION = "1"
+StateDict = Mapping[str, Tensor]
+PathLike = str | os.PathLike
+
+
+# -- writing files safely -------------------------------------------------------------------------
+def atomic_write(path: PathLike, write_fn: Callable[[str], None]) -> Path:
+    """Call `write_fn(tmp_path)` on a temporary file beside `path`, fsync it, then rename it over `path`.
+
+    The rename is atomic on POSIX and Windows, so readers see the old file or the new one. If
+    `write_fn` raises, the temporary file is removed and `path` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_fn(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return path
+
+
+# -- checking a state dict against a model --------------------------------------------------------
+def _shape(t) -> tuple[int, ...]:
+    return tuple(int(s) for s in t.shape)
+
+
+def check_state_dict(model: torch.nn.Module, state_dict: StateDict, *, source: str = "checkpoint") -> None:
+    """Raise a ValueError saying what does not fit: missing or unknown keys, or the first shape mismatch."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"it lacks {len(missing)} tensor(s) the model needs: {_few(missing)}")
+        if unexpected:
+            parts.append(f"it has {len(unexpected)} tensor(s) the model does not know: {_few(unexpected)}")
+        raise ValueError(f"{source} does not fit the model: " + "; ".join(parts) + ". Was it saved "
+                         "from a different kind of model (timm, transformers, another preset)?")
+    for name, want in expected.items():
+        got = state_dict[name]
+        if _shape(got) != _shape(want):
+            raise ValueError(f"{source} tensor {name!r} has shape {_shape(got)} but the model expects "
+                             f"{_shape(want)} — was it saved from a different preset?")
+
+
+def _few(keys: list[str], n: int = 8) -> str:
+    return ", ".join(keys[:n]) + (f", … ({len(keys) - n} more)" if len(keys) > n else "")
+
+
+def _load_checked(model: VisionTransformer, state_dict: StateDict, source: str) -> VisionTransformer:
+    check_state_dict(model, state_dict, source=source)
+    model.load_state_dict(state_dict, strict=True)
+    return model
+
+
+def _read_tensors(path: PathLike) -> dict[str, Tensor]:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if path.suffix == ".safetensors":
+        return load_file(path)
+    return _torch_load(path)
+
+
+def _torch_load(path: PathLike, map_location="cpu"):
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path} holds Python objects other than tensors and plain containers; vitscope "
+                         f"does not unpickle code. Re-save it with tensors, numbers and strings only. ({e})"
+                         ) from None
+
+
+# -- our format: safetensors + the ViTConfig in the metadata --------------------------------------
+def save_model(model: VisionTransformer, path: PathLike, *, metadata: dict | None = None) -> Path:
+    """Write the weights as safetensors with the config (and any `metadata`, JSON-encoded) in the header."""
+    header = {"format": "pt", "vitscope_format": FORMAT_VERSION, "config": json.dumps(model.config.to_dict())}
+    for k, v in (metadata or {}).items():
+        if k in header:
+            raise ValueError(f"metadata key {k!r} is reserved by vitscope; pick another name")
+        header[str(k)] = v if isinstance(v, str) else json.dumps(v)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=header))
+
+
+def read_metadata(path: PathLike) -> dict[str, str]:
+    """The safetensors header metadata of `path` (strings, as stored)."""
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def load_model(path: PathLike, *, map_location: str | torch.device = "cpu") -> VisionTransformer:
+    """Rebuild the model saved by `save_model` from its config and load its weights strictly (eval mode)."""
+    meta = read_metadata(path)
+    if "config" not in meta:
+        raise ValueError(f"{path} has no vitscope config in its metadata; for timm weights use "
+                         f"create_from_timm(), for transformers weights load_hf()")
+    version = meta.get("vitscope_format", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{path} is vitscope checkpoint format {version}; this vitscope reads format "
+                         f"{FORMAT_VERSION}. Upgrade vitscope.")
+    model = VisionTransformer(ViTConfig.from_dict(json.loads(meta["config"])))
+    _load_checked(model, load_file(path), source=str(path))
+    return model.to(map_location).eval()
+
+
+def load_weights(model: VisionTransformer, path_or_state_dict: PathLike | StateDict) -> VisionTransformer:
+    """Load our own weights (a file from `save_model`, or a state dict) into `model`, strictly."""
+    if isinstance(path_or_state_dict, Mapping):
+        return _load_checked(model, path_or_state_dict, "state dict")
+    return _load_checked(model, _read_tensors(path_or_state_dict), str(path_or_state_dict))
+
+
+# -- training-resume state ------------------------------------------------------------------------
+def save_training_state(path: PathLike, state: dict) -> Path:
+    """Optimizer, scheduler, RNG and data position: tensors, numbers, strings and containers only."""
+    return atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_training_state(path: PathLike, *, map_location: str | torch.device = "cpu") -> dict:
+    return _torch_load(path, map_location)
+
+
+# -- timm -----------------------------------------------------------------------------------------
+def _strip_prefix(sd: StateDict) -> dict[str, Tensor]:
+    """timm's own names; a state dict nested under `model.` or `module.` is read from that prefix only."""
+    for prefix in ("model.", "module."):
+        if any(k.startswith(prefix) for k in sd):
+            return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    return dict(sd)
+
+
+def _as_state_dict(path_or_sd: PathLike | StateDict) -> dict[str, Tensor]:
+    return dict(path_or_sd) if isinstance(path_or_sd, Mapping) else _read_tensors(path_or_sd)
+
+
+def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateDict) -> VisionTransformer:
+    """Load a timm VisionTransformer state dict. A `pos_embed` for another grid is resampled as timm's
+    checkpoint filter does (bicubic, antialiased)."""
+    sd = _strip_prefix(_as_state_dict(state_dict))
+    pos = sd.get("pos_embed")
+    if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
+        if pos.shape[-1] == model.pos_embed.shape[-1]:
+            sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size,
+                                                 num_prefix_tokens=model.num_prefix_tokens, antialias=True)
+    return _load_checked(model, sd, "timm checkpoint")
+
+
+def config_from_timm_state_dict(state_dict: PathLike | StateDict, **hints) -> ViTConfig:
+    """Read a ViTConfig off a timm state dict's shapes; `hints` (ViTConfig fields) win over what is read.
+
+    The number of heads is not in the weights (unless qk_norm is on): pass `num_heads`, which for
+    timm's presets is embed_dim // 64.
+    """
+    sd = _strip_prefix(_as_state_dict(state_dict))
+    if "patch_embed.proj.weight" not in sd:
+        raise ValueError("not a timm ViT state dict: no 'patch_embed.proj.weight'")
+    embed_dim, in_chans, patch, _ = sd["patch_embed.proj.weight"].shape
+    depth = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
+    cfg: dict = dict(embed_dim=embed_dim, in_chans=in_chans, patch_size=patch, depth=depth,
+                     class_token="cls_token" in sd, qkv_bias="blocks.0.attn.qkv.bias" in sd,
+                     qk_norm="blocks.0.attn.q_norm.weight" in sd,
+                     num_classes=sd["head.weight"].shape[0] if "head.weight" in sd else 0)
+    if "blocks.0.mlp.fc1.weight" in sd:
+        cfg["mlp_ratio"] = sd["blocks.0.mlp.fc1.weight"].shape[0] / embed_dim
+    if "blocks.0.ls1.gamma" in sd:
+        cfg["init_values"] = 1e-5  # only makes the LayerScale exist; its values come from the weights
+    if cfg["qk_norm"]:
+        cfg["num_heads"] = embed_dim // sd["blocks.0.attn.q_norm.weight"].shape[0]
+    has_fc_norm = "fc_norm.weight" in sd
+    cfg["global_pool"] = "avg" if has_fc_norm or not cfg["class_token"] else "token"
+    if has_fc_norm != (cfg["global_pool"] == "avg"):
+        cfg["fc_norm"] = has_fc_norm
+    if "pos_embed" in sd:
+        grid = sd["pos_embed"].shape[1] - int(cfg["class_token"])
+        side = math.isqrt(grid)
+        if side * side == grid:
+            cfg["img_size"] = side * patch
+        elif "img_size" not in hints:
+            raise ValueError(f"pos_embed has {grid} positions, not a square grid; pass img_size=(H, W)")
+    else:
+        cfg["pos_embed"] = "none"
+    cfg.update(hints)
+    if "num_heads" not in cfg:
+        raise ValueError(f"the number of heads cannot be read from the weights; pass num_heads= "
+                         f"(timm's presets use embed_dim // 64 = {max(embed_dim // 64, 1)})")
+    return ViTConfig(**cfg)
+
+
+def create_from_timm(path_or_state_dict: PathLike | StateDict, **config) -> VisionTransformer:
+    """Build a model from a timm checkpoint: config read from the weights (plus `config`), weights loaded."""
+    sd = _strip_prefix(_as_state_dict(path_or_state_dict))
+    model = VisionTransformer(config_from_timm_state_dict(sd, **config))
+    return load_timm_state_dict(model, sd).eval()
+
+
+# -- Hugging Face transformers --------------------------------------------------------------------
+# Block parameters: (transformers 4 name, transformers 5 name) -> ours. "q"/"k"/"v" are fused into qkv.
+_HF_BLOCK = {
+    ("attention.attention.query", "attention.q_proj"): "q",
+    ("attention.attention.key", "attention.k_proj"): "k",
+    ("attention.attention.value", "attention.v_proj"): "v",
+    ("attention.output.dense", "attention.o_proj"): "attn.proj",
+    ("intermediate.dense", "mlp.fc1"): "mlp.fc1",
+    ("output.dense", "mlp.fc2"): "mlp.fc2",
+    ("layernorm_before", "layernorm_before"): "norm1",
+    ("layernorm_after", "layernorm_after"): "norm2",
+}
+_HF_TOP = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+}
+_HF_BLOCK_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+# transformers' ViTConfig defaults, for config.json files that leave a field out.
+_HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                    hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                    layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
+
+
+def _vit_config_from_hf(c: dict, num_classes: int) -> ViTConfig:
+    c = {**_HF_DEFAULTS, **c}
+    if c.get("model_type", "vit") != "vit":
+        raise ValueError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
+    if c["hidden_act"] != "gelu":
+        raise ValueError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
+                         f"GELU, transformers' 'gelu'")
+    dim, heads = c["hidden_size"], c["num_attention_heads"]
+    if c.get("head_dim") not in (None, dim // heads) or dim % heads:
+        raise ValueError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
+    patch = c["patch_size"]
+    if isinstance(patch, (list, tuple)):
+        if patch[0] != patch[1]:
+            raise ValueError(f"only square patches are supported, got patch_size {patch}")
+        patch = patch[0]
+    mlp_ratio = c["intermediate_size"] / dim
+    if int(dim * mlp_ratio) != c["intermediate_size"]:
+        raise ValueError(f"intermediate_size {c['intermediate_size']} is not representable as "
+                         f"int(hidden_size * mlp_ratio) for hidden_size {dim}")
+    img = c["image_size"]
+    return ViTConfig(
+        img_size=tuple(img) if isinstance(img, (list, tuple)) else img, patch_size=patch,
+        in_chans=c["num_channels"], num_classes=num_classes, embed_dim=dim, depth=c["num_hidden_layers"],
+        num_heads=heads, mlp_ratio=mlp_ratio, qkv_bias=c["qkv_bias"], norm_eps=c["layer_norm_eps"],
+        pos_embed_antialias=False, pos_drop_rate=c["hidden_dropout_prob"],
+        proj_drop_rate=c["hidden_dropout_prob"], attn_drop_rate=c["attention_probs_dropout_prob"],
+    )
+
+
+def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, dict[str, Tensor]]:
+    """Convert a transformers ViTModel / ViTForImageClassification state dict (transformers 4 or 5 key
+    names, with or without the `vit.` prefix) and its config dict into our config and state dict.
+
+    ViTModel's pooler (dense + tanh) has no counterpart here and is dropped; compare its
+    `last_hidden_state` with our `forward_features`.
+    """
+    ours: dict[str, Tensor] = {}
+    qkv: dict[tuple[int, str], dict[str, Tensor]] = {}
+    unknown = []
+    for key, t in state_dict.items():
+        name = key[len("vit."):] if key.startswith("vit.") else key
+        if name.startswith("pooler."):
+            continue
+        if name in _HF_TOP:
+            ours[_HF_TOP[name]] = t
+        elif m := _HF_BLOCK_RE.match(name):
+            i, part, kind = int(m.group(1)), m.group(2), m.group(3)
+            target = next((v for names, v in _HF_BLOCK.items() if part in names), None)
+            if target is None:
+                unknown.append(key)
+            elif target in ("q", "k", "v"):
+                qkv.setdefault((i, kind), {})[target] = t
+            else:
+                ours[f"blocks.{i}.{target}.{kind}"] = t
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"transformers checkpoint has tensors vitscope cannot map: {_few(unknown)}")
+    for (i, kind), parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
+                             f"of query/key/value {kind}")
+        ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    num_classes = ours["head.weight"].shape[0] if "head.weight" in ours else 0
+    if hasattr(hf_config, "to_dict"):  # a transformers ViTConfig object works as well as its dict
+        hf_config = hf_config.to_dict()
+    return _vit_config_from_hf(dict(hf_config), num_classes), ours
+
+
+def _read_hf_folder(folder: Path) -> dict[str, Tensor]:
+    if (folder / "model.safetensors").exists():
+        return load_file(folder / "model.safetensors")
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        sd: dict[str, Tensor] = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            sd.update(load_file(folder / shard))
+        return sd
+    if (folder / "pytorch_model.bin").exists():
+        return _torch_load(folder / "pytorch_model.bin")
+    raise FileNotFoundError(f"{folder} has no model.safetensors (or shards, or pytorch_model.bin)")
+
+
+def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None) -> VisionTransformer:
+    """A transformers ViT as a vitscope model (eval mode), without importing transformers.
+
+    `source`: a `save_pretrained` folder (config.json + model.safetensors), a weights file, or a
+    state dict. `config`: the config dict or a config.json path; read from the folder when omitted.
+    """
+    if isinstance(source, Mapping):
+        sd, folder = dict(source), None
+    else:
+        path = Path(source)
+        folder = path if path.is_dir() else path.parent
+        sd = _read_hf_folder(path) if path.is_dir() else _read_tensors(path)
+    if config is None:
+        if folder is None or not (folder / "config.json").exists():
+            raise ValueError("load_hf needs the transformers config: pass config= (a dict or a "
+                             "config.json path)")
+        config = folder / "config.json"
+    if not isinstance(config, Mapping):
+        config = json.loads(Path(config).read_text())
+    cfg, ours = hf_to_vitscope(sd, dict(config))
+    model = VisionTransformer(cfg)
+    return _load_checked(model, ours, "transformers checkpoint").eval()
+
+
+def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] | None = None,
+              layout: Literal["checkpoint", "module"] = "checkpoint") -> Path:
+    """Write `config.json` + `model.safetensors` that `ViTForImageClassification.from_pretrained` loads.
+
+    layout "checkpoint" uses the key names transformers' `save_pretrained` writes (the classic
+    `vit.encoder.layer.{i}.attention.attention.query` ones, read by transformers 4 and 5); "module"
+    uses transformers 5's module names (`vit.layers.{i}.attention.q_proj`).
+
+    At the trained image size the outputs are ours exactly. At other sizes transformers'
+    `interpolate_pos_encoding` resamples the table with plain bicubic, timm (our default) with
+    antialiased bicubic; build the model with `pos_embed_antialias=False` to agree there as well.
+    """
+    cfg = model.config
+    problems = [why for bad, why in [
+        (not cfg.class_token or cfg.global_pool != "token", "it needs a class token and token pooling"),
+        (cfg.pos_embed != "learn", f"pos_embed={cfg.pos_embed!r} (transformers has learned tables only)"),
+        (bool(cfg.stem), "a conv stem"), (cfg.init_values is not None, "layer scale"),
+        (cfg.qk_norm, "qk_norm"), (not isinstance(model.fc_norm, torch.nn.Identity), "fc_norm"),
+        (cfg.num_classes <= 0, "no classifier head (num_classes=0)"),
+    ] if bad]
+    if problems:
+        raise ValueError("this model cannot be exported to transformers' ViT: " + "; ".join(problems))
+    if labels is not None and len(labels) != cfg.num_classes:
+        raise ValueError(f"{len(labels)} labels given for a {cfg.num_classes}-class head")
+    labels = labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    d, hidden = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
+    img = list(cfg.img_size) if isinstance(cfg.img_size, tuple) else cfg.img_size
+    hf_config = {
+        "architectures": ["ViTForImageClassification"], "model_type": "vit",
+        "hidden_size": d, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
+        "intermediate_size": hidden, "hidden_act": "gelu", "hidden_dropout_prob": cfg.proj_drop_rate,
+        "attention_probs_dropout_prob": cfg.attn_drop_rate, "initializer_range": 0.02,
+        "layer_norm_eps": cfg.norm_eps, "image_size": img, "patch_size": cfg.patch_size,
+        "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size,
+        "pooler_output_size": d, "pooler_act": "tanh",
+        "id2label": {str(i): name for i, name in enumerate(labels)},
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
+    top = {v: k for k, v in _HF_TOP.items()}
+    v5 = layout == "module"
+    block_names = {v: names[1] if v5 else names[0] for names, v in _HF_BLOCK.items()}
+    out: dict[str, Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        if name in top:
+            hf_name = top[name]
+            out[hf_name if hf_name.startswith("classifier.") else "vit." + hf_name] = t
+            continue
+        m = re.match(r"^blocks\.(\d+)\.(.+)\.(weight|bias)$", name)
+        if m is None:
+            raise ValueError(f"no transformers name for {name!r}")
+        i, part, kind = m.groups()
+        prefix = f"vit.layers.{i}." if v5 else f"vit.encoder.layer.{i}."
+        if part == "attn.qkv":
+            for which, chunk in zip("qkv", t.chunk(3, dim=0)):
+                out[f"{prefix}{block_names[which]}.{kind}"] = chunk.contiguous()
+        else:
+            out[f"{prefix}{block_names[part]}.{kind}"] = t
+    folder = Path(folder)
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(out, tmp, metadata={"format": "pt"}))
+    atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(hf_config, indent=2)))
+    return folder
