@@ -1,0 +1,326 @@
+"""Augmentation on batches of tensors (B, C, H, W), uint8 or float on the 0..1 scale.
+
+All randomness comes from an explicit `torch.Generator` (never the global RNG), so a resumed run
+that restores the generator's state draws exactly the same augmentations. Every random choice is
+made per image but applied to the whole batch at once: gathers, masks and one warp per batch.
+
+    tf = TrainTransform(crop="pad", pad=2, flip=True, policy="trivial").for_dataset(train_set)
+    x = tf(images_uint8, generator)                               # float32, normalised
+    x, y_soft = tf.mix(x, labels, num_classes=10, generator=generator)
+    x_eval = eval_transform(images_uint8, train_set.mean, train_set.std)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vitscope.data.policy import rand_augment, trivial_augment
+
+
+def to_float(x: torch.Tensor) -> torch.Tensor:
+    """uint8 0..255 -> float32 0..1; float tensors pass through."""
+    return x.float().div_(255.0) if x.dtype == torch.uint8 else x
+
+
+def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """(x / 255 - mean) / std per channel, float32. Float input is taken to be on the 0..1 scale."""
+    c = x.shape[1]
+    if len(mean) != c or len(std) != c:
+        raise ValueError(f"mean/std need {c} values for {c}-channel images, got {tuple(mean)} / {tuple(std)}")
+    m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
+    return (to_float(x) - m) / s
+
+
+def eval_transform(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    return normalize(x, mean, std)
+
+
+# -- geometry --------------------------------------------------------------------------------------
+def random_crop(
+    x: torch.Tensor, pad: int, generator: torch.Generator, mode: Literal["reflect", "zero"] = "reflect"
+) -> torch.Tensor:
+    """Pad by `pad` on every side and cut an H x W window at a random offset per image; keeps dtype.
+
+    Done as two gathers with reflected (or masked) indices, so the padded batch is never built."""
+    b, c, h, w = x.shape
+    if pad <= 0:
+        return x
+    if mode == "reflect" and pad >= min(h, w):
+        raise ValueError(f"reflect padding needs pad < image side, got pad={pad} for {h}x{w}")
+    oy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
+    ox = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
+    rows = torch.arange(h).view(1, h) + oy - pad  # (B, H), source row of every output row
+    cols = torch.arange(w).view(1, w) + ox - pad  # (B, W)
+    if mode == "reflect":
+        rows, cols = _reflect(rows, h), _reflect(cols, w)
+        valid = None
+    else:
+        valid = ((rows >= 0) & (rows < h)).view(b, 1, h, 1) & ((cols >= 0) & (cols < w)).view(b, 1, 1, w)
+        rows, cols = rows.clamp(0, h - 1), cols.clamp(0, w - 1)
+    out = x.gather(2, rows.view(b, 1, h, 1).expand(b, c, h, w))  # (B, C, H, W): rows picked
+    out = out.gather(3, cols.view(b, 1, 1, w).expand(b, c, h, w))  # (B, C, H, W): then columns
+    if valid is not None:
+        out = out * valid.to(out.dtype)
+    return out
+
+
+def _reflect(index: torch.Tensor, size: int) -> torch.Tensor:
+    index = index.abs()
+    return torch.where(index > size - 1, 2 * (size - 1) - index, index)
+
+
+def _sample_boxes(
+    b: int,
+    h: int,
+    w: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    generator: torch.Generator,
+    attempts: int = 10,
+) -> tuple[torch.Tensor, ...]:
+    """torchvision's box sampling (area fraction in `scale`, log-uniform aspect in `ratio`, up to
+    10 tries) for every image at once. Returns top, left, height, width (B,) and whether a try fit."""
+    area = h * w * torch.empty(b, attempts).uniform_(scale[0], scale[1], generator=generator)
+    log_ratio = torch.empty(b, attempts).uniform_(math.log(ratio[0]), math.log(ratio[1]), generator=generator)
+    aspect = torch.exp(log_ratio)
+    bw = torch.sqrt(area * aspect).round().long()
+    bh = torch.sqrt(area / aspect).round().long()
+    fits = (bw > 0) & (bw <= w) & (bh > 0) & (bh <= h)
+    first = fits.float().argmax(dim=1, keepdim=True)  # first try that fits (0 when none does)
+    bw, bh = bw.gather(1, first).squeeze(1), bh.gather(1, first).squeeze(1)
+    found = fits.any(dim=1)
+    u = torch.rand(b, 2, generator=generator)
+    top = (u[:, 0] * (h - bh + 1).clamp_min(1)).long()
+    left = (u[:, 1] * (w - bw + 1).clamp_min(1)).long()
+    return top, left, bh, bw, found
+
+
+def random_resized_crop(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    size: int | None = None,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> torch.Tensor:
+    """Cut a random box per image (as torchvision's RandomResizedCrop) and resize it to `size`
+    (default: the input size) with one bilinear grid_sample call. Returns float 0..1."""
+    x = to_float(x)
+    b, _, h, w = x.shape
+    top, left, bh, bw, found = _sample_boxes(b, h, w, scale, ratio, generator)
+    # Images where no try fit fall back to the whole image, as torchvision's centre crop does here.
+    top, left = torch.where(found, top, 0), torch.where(found, left, 0)
+    bh, bw = torch.where(found, bh, h), torch.where(found, bw, w)
+    theta = torch.zeros(b, 2, 3)
+    theta[:, 0, 0] = bw / w
+    theta[:, 1, 1] = bh / h
+    theta[:, 0, 2] = (2 * left + bw) / w - 1  # box centre in normalised coordinates
+    theta[:, 1, 2] = (2 * top + bh) / h - 1
+    out_h, out_w = (size, size) if size is not None else (h, w)
+    grid = F.affine_grid(theta, [b, x.shape[1], out_h, out_w], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def random_hflip(x: torch.Tensor, generator: torch.Generator, p: float = 0.5) -> torch.Tensor:
+    flip = torch.rand(x.shape[0], generator=generator) < p
+    return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+
+
+def random_erase(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    p: float = 0.25,
+    scale: tuple[float, float] = (0.02, 0.33),
+    ratio: tuple[float, float] = (0.3, 3.3),
+    value: float = 0.0,
+) -> torch.Tensor:
+    """Blank one random box in a fraction `p` of the images (torchvision's RandomErasing); on a
+    normalised batch the default value 0 is the dataset mean."""
+    b, _, h, w = x.shape
+    apply = torch.rand(b, generator=generator) < p
+    top, left, bh, bw, found = _sample_boxes(b, h, w, scale, ratio, generator)
+    found &= (bh < h) & (bw < w)
+    rows = torch.arange(h).view(1, h)
+    cols = torch.arange(w).view(1, w)
+    in_rows = (rows >= top.view(b, 1)) & (rows < (top + bh).view(b, 1))  # (B, H)
+    in_cols = (cols >= left.view(b, 1)) & (cols < (left + bw).view(b, 1))  # (B, W)
+    mask = in_rows.view(b, 1, h, 1) & in_cols.view(b, 1, 1, w) & (apply & found).view(b, 1, 1, 1)
+    return x.masked_fill(mask, value)
+
+
+# -- mixing ----------------------------------------------------------------------------------------
+def _beta(alpha: float, generator: torch.Generator) -> float:
+    # torch's Beta sampler cannot take a generator; seed numpy from ours so resume stays exact.
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return float(np.random.default_rng(seed).beta(alpha, alpha))
+
+
+def one_hot(y: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
+    off = smoothing / num_classes
+    return torch.full((y.shape[0], num_classes), off).scatter_(1, y.view(-1, 1), 1.0 - smoothing + off)
+
+
+def mixup(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    generator: torch.Generator,
+    *,
+    alpha: float = 0.8,
+    smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blend each image with a partner from the same batch by a Beta(alpha, alpha) weight."""
+    lam = _beta(alpha, generator)
+    perm = torch.randperm(x.shape[0], generator=generator)
+    target = one_hot(y, num_classes, smoothing)
+    return lam * x + (1 - lam) * x[perm], lam * target + (1 - lam) * target[perm]
+
+
+def cutmix(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    generator: torch.Generator,
+    *,
+    alpha: float = 1.0,
+    smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paste a box from a partner image; the targets mix by the box's true area (after clipping)."""
+    b, _, h, w = x.shape
+    lam = _beta(alpha, generator)
+    cut = math.sqrt(1.0 - lam)
+    ch, cw = int(h * cut), int(w * cut)
+    cy, cx = (
+        int(v)
+        for v in torch.randint(0, h, (1,), generator=generator).tolist()
+        + torch.randint(0, w, (1,), generator=generator).tolist()
+    )
+    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
+    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
+    perm = torch.randperm(b, generator=generator)
+    out = x.clone()
+    out[:, :, y0:y1, x0:x1] = x[perm, :, y0:y1, x0:x1]
+    lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
+    target = one_hot(y, num_classes, smoothing)
+    return out, lam * target + (1 - lam) * target[perm]
+
+
+def mix(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    generator: torch.Generator,
+    *,
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    mix_prob: float = 1.0,
+    switch_prob: float = 0.5,
+    smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixup or cutmix on a batch with probability `mix_prob` (one of the two, at `switch_prob`
+    for cutmix, when both alphas are set). Always returns soft targets (B, num_classes) that sum
+    to 1, label-smoothed by `smoothing`, so the loss has one form."""
+    use = float(torch.rand(1, generator=generator)) < mix_prob
+    use_cutmix = float(torch.rand(1, generator=generator)) < switch_prob
+    if use and cutmix_alpha > 0 and (mixup_alpha <= 0 or use_cutmix):
+        return cutmix(x, y, num_classes, generator, alpha=cutmix_alpha, smoothing=smoothing)
+    if use and mixup_alpha > 0:
+        return mixup(x, y, num_classes, generator, alpha=mixup_alpha, smoothing=smoothing)
+    return x, one_hot(y, num_classes, smoothing)
+
+
+# -- the training pipeline -------------------------------------------------------------------------
+@dataclass
+class TrainTransform:
+    """The training augmentation, as a config: crop -> flip -> policy -> normalise -> erase.
+
+    `mean`/`std` are the training split's (`for_dataset(ds)` sets them). Mixing needs the labels,
+    so it is the separate step `mix`."""
+
+    crop: Literal["pad", "rrc", "none"] = "pad"
+    pad: int = 2
+    pad_mode: Literal["reflect", "zero"] = "reflect"
+    rrc_scale: tuple[float, float] = (0.35, 1.0)  # torchvision's 0.08 leaves too little of a 28x28 image
+    rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = True
+    policy: Literal["none", "trivial", "randaug"] = "none"
+    randaug_ops: int = 2
+    randaug_magnitude: int = 9
+    erase_p: float = 0.0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_prob: float = 1.0
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        choices = {
+            "crop": ("pad", "rrc", "none"),
+            "pad_mode": ("reflect", "zero"),
+            "policy": ("none", "trivial", "randaug"),
+        }
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} must be one of {', '.join(allowed)}, got {getattr(self, field)!r}")
+        for field in ("erase_p", "mix_prob"):
+            if not 0.0 <= getattr(self, field) <= 1.0:
+                raise ValueError(f"{field} is a probability in [0, 1], got {getattr(self, field)}")
+        if self.pad < 0 or self.mixup_alpha < 0 or self.cutmix_alpha < 0:
+            raise ValueError("pad, mixup_alpha and cutmix_alpha must not be negative")
+
+    def for_dataset(self, dataset) -> TrainTransform:
+        return dataclasses.replace(self, mean=tuple(dataset.mean), std=tuple(dataset.std))
+
+    @property
+    def mixes(self) -> bool:
+        return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.mix_prob > 0
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        if self.mean is None or self.std is None:
+            raise ValueError(
+                "TrainTransform needs the training split's mean/std: use .for_dataset(train_set)"
+            )
+        if self.crop == "pad":
+            x = random_crop(x, self.pad, generator, mode=self.pad_mode)
+        elif self.crop == "rrc":
+            x = random_resized_crop(x, generator, scale=self.rrc_scale, ratio=self.rrc_ratio)
+        if self.flip:
+            x = random_hflip(x, generator)
+        x = to_float(x)
+        if self.policy == "trivial":
+            x = trivial_augment(x, generator)
+        elif self.policy == "randaug":
+            x = rand_augment(x, generator, num_ops=self.randaug_ops, magnitude=self.randaug_magnitude)
+        x = normalize(x, self.mean, self.std)
+        if self.erase_p > 0:
+            x = random_erase(x, generator, p=self.erase_p)
+        return x
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        num_classes: int,
+        generator: torch.Generator,
+        smoothing: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return mix(
+            x,
+            y,
+            num_classes,
+            generator,
+            mixup_alpha=self.mixup_alpha,
+            cutmix_alpha=self.cutmix_alpha,
+            mix_prob=self.mix_prob,
+            smoothing=smoothing,
+        )
