@@ -31,10 +31,18 @@ def _expected_params(cfg: ViTConfig) -> int:
     """Counted from the architecture, independently of the modules."""
     d, p, hidden = cfg.embed_dim, cfg.patch_size, int(cfg.embed_dim * cfg.mlp_ratio)
     h, w = (cfg.img_size, cfg.img_size) if isinstance(cfg.img_size, int) else cfg.img_size
-    tokens = (h // p) * (w // p) + 1
-    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
-    return (cfg.in_chans * p * p * d + d) + d + tokens * d + cfg.depth * block + 2 * d + (d * cfg.num_classes
-                                                                                        + cfg.num_classes)
+    stem, c, stride = 0, cfg.in_chans, 1
+    for out, s in cfg.stem:  # 3x3 conv without bias, then BatchNorm's weight and bias
+        stem, c, stride = stem + c * out * 9 + 2 * out, out, stride * s
+    k = p // stride
+    embed = stem + c * k * k * d + d + (d if cfg.class_token else 0)
+    if cfg.pos_embed == "learn":
+        embed += ((h // p) * (w // p) + int(cfg.class_token)) * d
+    block = (2 * 2 * d + 3 * d * d + (3 * d if cfg.qkv_bias else 0) + d * d + d
+             + d * hidden + hidden + hidden * d + d)
+    block += 2 * 2 * (d // cfg.num_heads) if cfg.qk_norm else 0
+    block += 2 * d if cfg.init_values else 0
+    return embed + cfg.depth * block + 2 * d + d * cfg.num_classes + cfg.num_classes
 
 
 # -- presets --------------------------------------------------------------------------------------
@@ -56,6 +64,14 @@ def test_every_preset_builds_and_runs(name):
     with torch.no_grad():
         out = model(_images(1, cfg.in_chans, h, w))
     assert out.shape == (1, cfg.num_classes) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("overrides", [dict(qkv_bias=False, qk_norm=True, init_values=0.1),
+                                       dict(class_token=False, global_pool="avg", pos_embed="sincos2d"),
+                                       dict(stem=[(8, 2), (16, 2)], img_size=(28, 36), pos_embed="none")])
+def test_parameter_count_of_options(overrides):
+    cfg = ViTConfig(**{**SMALL, **overrides})
+    assert VisionTransformer(cfg).num_params() == _expected_params(cfg)
 
 
 def test_seed_vit_is_the_tutorials_model():
