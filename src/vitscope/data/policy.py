@@ -8,9 +8,13 @@ one-line ops are written here. The ops take float images on the 0..1 scale, (B, 
 Magnitudes follow torchvision's RandAugment ranges (rotate <= 30 deg, shear <= 0.3, translate
 <= 45% of the side, enhance factors 1 +- 0.9, posterize 8..4 bits, solarize threshold 1..0), also
 for TrivialAugment: TrivialAugment-Wide's 135 deg rotations and 32-pixel shifts wipe out a 28x28
-image. Measured on 256x1x28x28 with one thread: a TrivialAugment batch costs ~3 ms, about kornia's
-own `TrivialAugment` module (~2.6 ms), which draws one op per *batch* from the global RNG and so
-suits neither per-sample diversity nor exact resume.
+image.
+
+Measured on 256x1x28x28 float batches, one thread, on the shared 2-core dev machine (torch 2.13
+CPU, kornia 0.9.0; fastest-decile times, medians were noisy under other jobs' load): a
+TrivialAugment batch ~3.1 ms, RandAugment (2 ops, bin 9) ~9.5 ms. kornia's own `TrivialAugment`
+module takes ~0.9 ms but picks one op per *batch* from the global RNG, which suits neither
+per-image diversity nor exact resume, hence the sampling here.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ def autocontrast(x: torch.Tensor) -> torch.Tensor:
     return ((x - lo) * scale).clamp_(0, 1)
 
 
-def _affine_matrices(ops: torch.Tensor, magnitude: torch.Tensor, sign: torch.Tensor, h: int, w: int) -> torch.Tensor:
+def _affine_matrices(
+    ops: torch.Tensor, magnitude: torch.Tensor, sign: torch.Tensor, h: int, w: int
+) -> torch.Tensor:
     """(B, 2, 3) pixel-space matrices about the image centre; `ops[i]` indexes GEOMETRIC."""
     m = magnitude * sign
     is_op = {name: (ops == k).to(m.dtype) for k, name in enumerate(GEOMETRIC)}
@@ -67,8 +73,13 @@ def apply_ops(
     x: torch.Tensor, op_index: torch.Tensor, magnitude: torch.Tensor, sign: torch.Tensor
 ) -> torch.Tensor:
     """Apply op `op_index[i]` with `magnitude[i]` in 0..1 and `sign[i]` in {-1, 1} to image i."""
-    import kornia.enhance as KE
-    from kornia.geometry.transform import warp_affine
+    try:
+        import kornia.enhance as KE
+        from kornia.geometry.transform import warp_affine
+    except ImportError as e:
+        raise ImportError(
+            "the augmentation policies (policy='trivial' or 'randaug') use kornia: pip install kornia"
+        ) from e
 
     names = op_names(x.shape[1])
     out = x.clone()

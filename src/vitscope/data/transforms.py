@@ -3,6 +3,10 @@
 All randomness comes from an explicit `torch.Generator` (never the global RNG), so a resumed run
 that restores the generator's state draws exactly the same augmentations. Every random choice is
 made per image but applied to the whole batch at once: gathers, masks and one warp per batch.
+Crop, flip, erase and mixing are written here, not taken from kornia.augmentation, because they
+are a few tensor ops and faster that way on small images (256x1x28x28, one thread, fastest
+decile: pad-2 reflect crop 0.53 ms vs kornia's RandomCrop 2.2 ms; resized crop 3.1 vs 9.1 ms;
+erasing 0.72 vs 1.07 ms; flip the same 0.22 ms) and kornia draws from the global RNG.
 
     tf = TrainTransform(crop="pad", pad=2, flip=True, policy="trivial").for_dataset(train_set)
     x = tf(images_uint8, generator)                               # float32, normalised
