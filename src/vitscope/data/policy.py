@@ -34,7 +34,7 @@ def op_names(channels: int) -> tuple[str, ...]:
 # -- operations kornia does not have in PIL's sense ------------------------------------------------
 def brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     # PIL's Brightness blends with black: a multiplication (kornia's adjust_brightness adds instead).
-    return (x * factor.view(-1, 1, 1, 1)).clamp_(0, 1)
+    return (x * factor.to(x.device).view(-1, 1, 1, 1)).clamp_(0, 1)
 
 
 def autocontrast(x: torch.Tensor) -> torch.Tensor:
@@ -89,9 +89,14 @@ def apply_ops(
     if idx.numel():
         theta = _affine_matrices(geometric[idx], magnitude[idx], sign[idx], *x.shape[-2:])
         out[idx] = warp_affine(
-            x[idx], theta, dsize=x.shape[-2:], mode="bilinear", padding_mode="zeros", align_corners=True
+            x[idx],
+            theta.to(x.device),
+            dsize=x.shape[-2:],
+            mode="bilinear",
+            padding_mode="zeros",
+            align_corners=True,
         )
-    factor = 1.0 + 0.9 * magnitude * sign  # enhance ops
+    factor = (1.0 + 0.9 * magnitude * sign).to(x.device)  # enhance ops
     for k, name in enumerate(names):
         idx = (op_index == k).nonzero().squeeze(1)
         if idx.numel() == 0 or name in GEOMETRIC or name == "identity":
@@ -102,10 +107,10 @@ def apply_ops(
         elif name == "equalize":
             sub = KE.equalize(sub)
         elif name == "posterize":
-            bits = 8 - (magnitude[idx] * 4).round().to(torch.int64)
+            bits = 8 - (magnitude[idx] * 4).round().to(device=x.device, dtype=torch.int64)
             sub = KE.posterize(sub, bits)
         elif name == "solarize":
-            sub = KE.solarize(sub, thresholds=1.0 - magnitude[idx])
+            sub = KE.solarize(sub, thresholds=(1.0 - magnitude[idx]).to(x.device))
         elif name == "brightness":
             sub = brightness(sub, f)
         elif name == "contrast":

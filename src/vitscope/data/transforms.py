@@ -70,10 +70,11 @@ def random_crop(
     else:
         valid = ((rows >= 0) & (rows < h)).view(b, 1, h, 1) & ((cols >= 0) & (cols < w)).view(b, 1, 1, w)
         rows, cols = rows.clamp(0, h - 1), cols.clamp(0, w - 1)
+    rows, cols = rows.to(x.device), cols.to(x.device)  # drawn on the CPU generator, used where x lives
     out = x.gather(2, rows.view(b, 1, h, 1).expand(b, c, h, w))  # (B, C, H, W): rows picked
     out = out.gather(3, cols.view(b, 1, 1, w).expand(b, c, h, w))  # (B, C, H, W): then columns
     if valid is not None:
-        out = out * valid.to(out.dtype)
+        out = out * valid.to(device=x.device, dtype=out.dtype)
     return out
 
 
@@ -130,13 +131,13 @@ def random_resized_crop(
     theta[:, 0, 2] = (2 * left + bw) / w - 1  # box centre in normalised coordinates
     theta[:, 1, 2] = (2 * top + bh) / h - 1
     out_h, out_w = (size, size) if size is not None else (h, w)
-    grid = F.affine_grid(theta, [b, x.shape[1], out_h, out_w], align_corners=False)
+    grid = F.affine_grid(theta.to(x.device), [b, x.shape[1], out_h, out_w], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
 def random_hflip(x: torch.Tensor, generator: torch.Generator, p: float = 0.5) -> torch.Tensor:
     flip = torch.rand(x.shape[0], generator=generator) < p
-    return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+    return torch.where(flip.view(-1, 1, 1, 1).to(x.device), x.flip(-1), x)
 
 
 def random_erase(
@@ -159,7 +160,7 @@ def random_erase(
     in_rows = (rows >= top.view(b, 1)) & (rows < (top + bh).view(b, 1))  # (B, H)
     in_cols = (cols >= left.view(b, 1)) & (cols < (left + bw).view(b, 1))  # (B, W)
     mask = in_rows.view(b, 1, h, 1) & in_cols.view(b, 1, 1, w) & (apply & found).view(b, 1, 1, 1)
-    return x.masked_fill(mask, value)
+    return x.masked_fill(mask.to(x.device), value)
 
 
 # -- mixing ----------------------------------------------------------------------------------------
@@ -171,7 +172,9 @@ def _beta(alpha: float, generator: torch.Generator) -> float:
 
 def one_hot(y: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
     off = smoothing / num_classes
-    return torch.full((y.shape[0], num_classes), off).scatter_(1, y.view(-1, 1), 1.0 - smoothing + off)
+    return torch.full((y.shape[0], num_classes), off, device=y.device).scatter_(
+        1, y.view(-1, 1), 1.0 - smoothing + off
+    )
 
 
 def mixup(
@@ -185,7 +188,7 @@ def mixup(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blend each image with a partner from the same batch by a Beta(alpha, alpha) weight."""
     lam = _beta(alpha, generator)
-    perm = torch.randperm(x.shape[0], generator=generator)
+    perm = torch.randperm(x.shape[0], generator=generator).to(x.device)
     target = one_hot(y, num_classes, smoothing)
     return lam * x + (1 - lam) * x[perm], lam * target + (1 - lam) * target[perm]
 
@@ -211,7 +214,7 @@ def cutmix(
     )
     y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
     x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
-    perm = torch.randperm(b, generator=generator)
+    perm = torch.randperm(b, generator=generator).to(x.device)
     out = x.clone()
     out[:, :, y0:y1, x0:x1] = x[perm, :, y0:y1, x0:x1]
     lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
