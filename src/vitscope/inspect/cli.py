@@ -1,0 +1,152 @@
+"""`vitscope explain CHECKPOINT_OR_RUN [IMAGE ...] --out DIR`: pictures and the explorer for a model.
+
+The main CLI adds the sub-command with `add_explain_parser(subparsers)` and runs it with
+`run_explain(args)`, which returns the exit code (0 done, 2 a user error, explained in one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from vitscope.inspect.capture import CaptureTooLarge
+
+CHECKPOINT_NAMES = ("best.safetensors", "last.safetensors")
+
+
+class ExplainError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+def add_explain_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "explain",
+        help="attention pictures and an interactive HTML explorer for a trained model",
+        description="Look inside a model: CLS attention and rollout overlays, every head of a layer, mean "
+                    "attention distance, the four attention regions, head importance and pruning curves "
+                    "(PNG), and explorer.html, one self-contained page to explore attention by hovering.",
+        epilog="examples:\n  vitscope explain runs/quick shoe.png shirt.jpg --out explain/\n"
+               "  vitscope explain runs/quick --dataset fashion_mnist --num 8 --out explain/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", metavar="CHECKPOINT_OR_RUN",
+                   help="a .safetensors checkpoint, or a run directory (best.safetensors, else last)")
+    p.add_argument("images", metavar="IMAGE", nargs="*", help="image files (PNG, JPEG, ...)")
+    p.add_argument("--out", required=True, type=Path, help="folder for the pictures and explorer.html")
+    p.add_argument("--dataset", help="also show images of this dataset (e.g. fashion_mnist); with labels it "
+                                     "also measures head importance")
+    p.add_argument("--split", default="test", help="dataset split (default: test)")
+    p.add_argument("--data-dir", type=Path, help="where the dataset's files are (default: its usual places)")
+    p.add_argument("--num", type=int, default=8, help="how many dataset images to show (default: 8)")
+    p.add_argument("--importance-samples", type=int, default=512,
+                   help="labelled dataset images used for head importance and pruning (default: 512; "
+                        "0 skips them)")
+    p.add_argument("--no-report", action="store_true", help="write only explorer.html, no PNG pictures")
+    return p
+
+
+def _checkpoint(path: Path) -> Path:
+    if path.is_dir():
+        for name in CHECKPOINT_NAMES:
+            if (path / name).is_file():
+                return path / name
+        raise ExplainError(f"{path} holds no {' or '.join(CHECKPOINT_NAMES)}; give a run directory or a "
+                           f".safetensors file")
+    if not path.is_file():
+        raise ExplainError(f"no checkpoint or run directory at {path}")
+    return path
+
+
+def _load(path: Path):
+    from vitscope.checkpoints import load_model, read_metadata
+
+    ckpt = _checkpoint(path)
+    try:
+        model = load_model(ckpt).eval()
+        meta = read_metadata(ckpt)
+    except (ValueError, OSError) as e:
+        raise ExplainError(f"cannot load {ckpt}: {e}") from e
+    meta = {k: json.loads(v) if k in ("classes", "mean", "std") else v for k, v in meta.items()}
+    return model, meta
+
+
+def _dataset_sample(args, model, n: int):
+    from vitscope.data import load_dataset
+
+    kwargs = {"root": args.data_dir} if args.data_dir else {}
+    try:
+        ds = load_dataset(args.dataset, args.split, **kwargs)
+    except Exception as e:  # the data layer explains missing or damaged files in its message
+        raise ExplainError(f"cannot load dataset {args.dataset!r} ({args.split}): {e}") from e
+    if tuple(ds.images.shape[1:]) != (model.config.in_chans, *model.patch_embed.img_size):
+        raise ExplainError(f"{args.dataset} images are {tuple(ds.images.shape[1:])} but the model takes "
+                           f"({model.config.in_chans}, {model.patch_embed.img_size[0]}, "
+                           f"{model.patch_embed.img_size[1]})")
+    n = min(n, len(ds))
+    return ds, ds.images[:n], ds.labels[:n], list(ds.classes)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    try:
+        paths = explain(args)
+    except (ExplainError, CaptureTooLarge, FileNotFoundError) as e:
+        print(f"vitscope explain: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        if getattr(args, "debug", False):
+            raise
+        print(f"vitscope explain: error: {e}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+def explain(args: argparse.Namespace) -> list[Path]:
+    from vitscope.inspect.explorer import write_explorer
+    from vitscope.inspect.images import load_image_files, model_inputs
+    from vitscope.inspect.importance import ablation_importance, gradient_importance
+    from vitscope.inspect.plots import write_report
+
+    if not args.images and not args.dataset:
+        raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
+    model, meta = _load(Path(args.model))
+    mean, std, classes = meta.get("mean"), meta.get("std"), meta.get("classes")
+    h, w = model.patch_embed.img_size
+    images, labels, names = [], None, []
+    if args.images:
+        images.append(load_image_files(args.images, channels=model.config.in_chans, size=(h, w)))
+        names += [Path(p).name for p in args.images]
+    ds = None
+    if args.dataset:
+        ds, ds_images, ds_labels, ds_classes = _dataset_sample(args, model, args.num)
+        classes = classes or ds_classes
+        mean, std = mean or list(ds.mean), std or list(ds.std)
+        images.append(ds_images)
+        names += [f"{args.dataset} #{i}" for i in range(len(ds_images))]
+        labels = [None] * len(args.images) + ds_labels.tolist()
+    images = torch.cat(images)
+    if mean is None or std is None:
+        print("vitscope explain: warning: the checkpoint records no mean/std; images are only scaled to 0..1",
+              file=sys.stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    importance, data = None, None
+    if ds is not None and args.importance_samples > 0:
+        m = min(args.importance_samples, len(ds))
+        data = (model_inputs(ds.images[:m], mean, std)[0], ds.labels[:m])
+        importance = {"ablation": ablation_importance(model, data),
+                      "gradient": gradient_importance(model, data)}
+    explorer = write_explorer(model, images, out / "explorer.html", labels=labels, class_names=classes,
+                              importance=importance, image_names=names, mean=mean, std=std,
+                              title=f"vitscope explorer — {Path(args.model).name}")
+    paths = [explorer]
+    if not args.no_report:
+        paths += write_report(model, images, out, labels=labels, class_names=classes, dataset=data,
+                              importance=importance, mean=mean, std=std)
+    return paths

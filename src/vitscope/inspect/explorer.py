@@ -1,0 +1,128 @@
+"""The interactive explorer: one self-contained HTML file (data and code inline, no network).
+
+A person picks an image, a layer and a head (or the mean of heads), hovers a patch to see where it
+looks (its row) and what looks at it (its column), switches to the CLS map or to rollout, and reads
+the head statistics. Weights travel as base64 float16, (B, L, H, N, N) for the images shown.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from vitscope.inspect.capture import capture_attention
+from vitscope.inspect.explorer_page import PAGE
+from vitscope.inspect.images import display_image, model_inputs
+from vitscope.inspect.importance import HeadImportance
+from vitscope.inspect.rollout import rollout
+from vitscope.inspect.stats import HeadStats, head_stats
+
+# Past this the page gets slow to open; the error says how to shrink it.
+DEFAULT_MAX_PAGE_BYTES = 64 * 2**20
+
+
+def _png_data_url(image: Tensor) -> str:
+    a = (display_image(image) * 255).round().astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(a, mode="L" if a.ndim == 2 else "RGB").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _half_b64(t: Tensor) -> str:
+    return base64.b64encode(t.to(torch.float16).numpy().astype("<f2").tobytes()).decode("ascii")
+
+
+def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | Tensor | None = None,
+                  class_names: Sequence[str] | None = None, stats: HeadStats | None = None,
+                  importance: HeadImportance | dict[str, HeadImportance] | None = None,
+                  image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
+                  std: Sequence[float] | None = None, top_k: int = 5,
+                  max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> dict:
+    """Everything the page shows, as JSON-ready data (weights packed as base64 float16)."""
+    images, originals = model_inputs(images, mean, std)
+    b = images.shape[0]
+    cap = capture_attention(model, images)
+    if cap.layout is None:
+        raise ValueError("the explorer needs a model with a patch embedding (a ViT or a model holding one)")
+    layout = cap.layout
+    stats = stats or head_stats(cap)
+    layers = [cap[n] for n in stats.names]
+    weights = torch.stack(layers, dim=1)  # (B, L, H, N, N)
+    size = weights.numel() * 2 * 4 // 3
+    if size > max_bytes:
+        per_image = size // b
+        raise ValueError(f"the explorer would embed {size / 2**20:.1f} MiB of attention weights "
+                         f"({per_image / 2**20:.1f} MiB per image, {len(layers)} layers x {weights.shape[2]} "
+                         f"heads x {layout.num_tokens}² tokens); pass fewer images or raise max_bytes")
+    roll = rollout(layers, num_prefix_tokens=layout.num_prefix_tokens)  # (B, N, N)
+    logits = cap.output if isinstance(cap.output, Tensor) else None
+    entries = []
+    for i in range(b):
+        top = []
+        if logits is not None and logits.ndim == 2:
+            probs = logits[i].float().softmax(-1)
+            p, idx = probs.topk(min(top_k, probs.numel()))
+            top = [[class_names[j] if class_names and j < len(class_names) else str(j), round(float(v), 5)]
+                   for v, j in zip(p.tolist(), idx.tolist())]
+        label = None
+        if labels is not None and labels[i] is not None:
+            y = int(labels[i])
+            label = class_names[y] if class_names and y < len(class_names) else str(y)
+        entries.append({"src": _png_data_url(originals[i]), "top": top, "label": label,
+                        "name": image_names[i] if image_names and i < len(image_names) else None})
+    if isinstance(importance, HeadImportance):
+        importance = {importance.method: importance}
+    return {
+        "layout": layout.to_dict(),
+        "num_layers": len(layers),
+        "num_heads": int(weights.shape[2]),
+        "names": stats.names,
+        "images": entries,
+        "weights": _half_b64(weights),
+        "rollout": _half_b64(roll),
+        "stats": {k: v for k, v in stats.to_dict().items() if k != "layout"},
+        "importance": {k: v.to_dict() for k, v in (importance or {}).items()} or None,
+    }
+
+
+def _nan_to_none(x):
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    return x
+
+
+def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
+                   labels: Sequence[int] | Tensor | None = None, class_names: Sequence[str] | None = None,
+                   stats: HeadStats | None = None,
+                   importance: HeadImportance | dict[str, HeadImportance] | None = None,
+                   image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
+                   std: Sequence[float] | None = None, title: str = "vitscope explorer",
+                   max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Path:
+    """Write the explorer for `images` (B, C, H, W) to `out_path` (.html).
+
+    `images` are float tensors as the model takes them, or uint8 with the training `mean`/`std`
+    (drawn then as they are). `stats` and `importance` fill the head table (computed when absent:
+    stats always, importance only if given).
+    """
+    data = explorer_data(model, images, labels=labels, class_names=class_names, stats=stats,
+                         importance=importance, image_names=image_names, mean=mean, std=std,
+                         max_bytes=max_bytes)
+    text = json.dumps(_nan_to_none(data), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    page = PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", text)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

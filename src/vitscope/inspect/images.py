@@ -1,0 +1,73 @@
+"""Images in and out of the inspection tools: model inputs, display copies, files from disk.
+
+A picture is best drawn from the original uint8 image; the model needs it normalised. Functions
+here accept either: uint8 (B, C, H, W) with the training `mean`/`std` (0..1 scale, per channel),
+or float tensors already as the model takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+
+def model_inputs(images: Tensor, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+                 ) -> tuple[Tensor, Tensor]:
+    """(what the model takes, what to draw). uint8 images are normalised with mean/std (or only
+    scaled to 0..1 without them); float images are used as they are."""
+    if images.ndim == 3:
+        images = images[None]
+    if images.dtype != torch.uint8:
+        if mean is not None or std is not None:
+            raise ValueError("mean/std apply to uint8 images; float images are taken as already normalised")
+        return images.float(), images
+    x = images.float() / 255.0
+    if mean is not None and std is not None:
+        c = x.shape[1]
+        if len(mean) != c or len(std) != c:
+            raise ValueError(f"mean/std need {c} values for {c}-channel images, "
+                             f"got {tuple(mean)} / {tuple(std)}")
+        m = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
+        s = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)
+        x = (x - m) / s
+    return x, images
+
+
+def display_image(image: Tensor | np.ndarray) -> np.ndarray:
+    """One image (C, H, W) -> (H, W) or (H, W, 3) in [0, 1]: uint8 as it is, float stretched to its range."""
+    if isinstance(image, Tensor):
+        image = image.detach().cpu()
+        a = image.numpy().astype(np.float32) / 255.0 if image.dtype == torch.uint8 else image.float().numpy()
+        if image.dtype != torch.uint8:
+            a = (a - a.min()) / max(float(a.max() - a.min()), 1e-8)
+    else:
+        a = np.asarray(image, np.float32)
+        a = (a - a.min()) / max(float(a.max() - a.min()), 1e-8)
+    return a[0] if a.shape[0] == 1 else np.moveaxis(a[:3], 0, -1)
+
+
+def load_image_files(paths: Sequence[str | Path], *, channels: int, size: tuple[int, int]) -> Tensor:
+    """Decode image files (PNG, JPEG, ...) to uint8 (B, C, H, W), converted to `channels` and
+    resized to `size` = (H, W) as the model takes them."""
+    mode = {1: "L", 3: "RGB"}.get(channels)
+    if mode is None:
+        raise ValueError(f"images can be read for 1- or 3-channel models, not {channels} channels")
+    out = []
+    for p in paths:
+        p = Path(p)
+        if not p.is_file():
+            raise FileNotFoundError(f"no image file at {p}")
+        try:
+            with Image.open(p) as im:
+                im = im.convert("RGBA").convert(mode) if im.mode in ("P", "LA", "RGBA") else im.convert(mode)
+                im = im.resize((size[1], size[0]), Image.Resampling.BICUBIC)
+                a = np.asarray(im, dtype=np.uint8)
+        except (OSError, Image.DecompressionBombError) as e:
+            raise ValueError(f"cannot read {p} as an image: {e}") from e
+        out.append(torch.from_numpy(a.reshape(size[0], size[1], channels).transpose(2, 0, 1).copy()))
+    return torch.stack(out)
