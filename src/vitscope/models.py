@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vitscope.vit import ViTConfig, VisionTransformer
+from vitscope.vit import VisionTransformer, ViTConfig
 
 _REGISTRY: dict[str, Callable[[], ViTConfig]] = {}
 
@@ -84,3 +84,24 @@ def vit_tiny_patch7_28() -> ViTConfig:
     """Patch 7 (4 x 4 = 16 tokens), width 128, 6 layers: fewer, richer tokens."""
     return ViTConfig(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=128, depth=6,
                      num_heads=4, mlp_ratio=2.0)
+
+
+@register
+def vit_fmnist_quick() -> ViTConfig:
+    """The README's default: a small hybrid ViT for 28 x 28 grayscale (see recipes.fmnist_quick).
+
+    A 3x3 conv stem at full resolution feeds 7 x 7 patches (4 x 4 = 16 tokens) of width 192;
+    2-D sin-cos positions and average pooling.
+    """
+    return ViTConfig(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=192, depth=6,
+                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1)], class_token=False, global_pool="avg",
+                     pos_embed="sincos2d")
+
+
+@register
+def vit_fmnist_best() -> ViTConfig:
+    """The accuracy preset for 28 x 28 grayscale (see recipes.fmnist_best): a two-conv stem to a
+    14 x 14 map, 2 x 2 patches on it (7 x 7 = 49 tokens), width 192, 8 layers."""
+    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=8,
+                     num_heads=6, mlp_ratio=2.0, stem=[(32, 1), (64, 2)], class_token=False,
+                     global_pool="avg", pos_embed="sincos2d", drop_path_rate=0.1)

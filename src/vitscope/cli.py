@@ -1,0 +1,398 @@
+"""`vitscope train | eval | predict | explain | data | models`: one parser and one run function each.
+
+Errors a user can fix (a wrong flag value, a missing file, a mismatched checkpoint) print one line
+and exit with code 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import typing
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+# -- shared helpers ---------------------------------------------------------------------------------
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory (its best, else last, checkpoint) or a .safetensors file."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("best.safetensors", "last.safetensors"):
+            if (p / name).is_file():
+                return p / name
+        raise UsageError(f"{p} holds no best.safetensors or last.safetensors; is it a vitscope run directory?")
+    if not p.is_file():
+        raise UsageError(f"no checkpoint at {p}: give a run directory or a .safetensors file")
+    return p
+
+
+def load_for_inference(path: str | Path):
+    """(model in eval mode, metadata dict with classes/mean/std where the run saved them)."""
+    from vitscope.checkpoints import load_model, read_metadata
+
+    ckpt = resolve_checkpoint(path)
+    model = load_model(ckpt).eval()
+    meta = read_metadata(ckpt)
+    c = model.config.in_chans
+    info = {
+        "classes": json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(model.num_classes)],
+        "mean": tuple(json.loads(meta["mean"])) if "mean" in meta else (0.5,) * c,
+        "std": tuple(json.loads(meta["std"])) if "std" in meta else (0.5,) * c,
+        "dataset": meta.get("dataset"),
+        "checkpoint": str(ckpt),
+    }
+    return model, info
+
+
+def _field_type(tp):
+    """The scalar type argparse should parse a dataclass field with."""
+    origin = typing.get_origin(tp)
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if origin is typing.Literal:
+        return str, list(typing.get_args(tp))
+    if origin is typing.Union or (origin is not None and type(None) in typing.get_args(tp)):
+        return _field_type(args[0])
+    if origin is tuple:
+        return "tuple", None
+    if tp in (int, float, str, bool):
+        return tp, None
+    return None, None
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
+
+
+def _none_or(kind):
+    def parse(s: str):
+        return None if s.lower() == "none" else kind(s)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", dest_prefix: str = "") -> None:
+    """One flag per dataclass field (`--lr`, `--aug-policy`, ...), defaulting to 'not given'."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind, choices = _field_type(hints[f.name])
+        flag = "--" + prefix + f.name.replace("_", "-")
+        dest = dest_prefix + f.name
+        if kind is None:
+            continue
+        if kind == "tuple":
+            parser.add_argument(flag, dest=dest, type=float, nargs="+", default=None, help=argparse.SUPPRESS)
+        elif kind is bool:
+            parser.add_argument(flag, dest=dest, type=_bool, default=None, metavar="{true,false}")
+        else:
+            parser.add_argument(flag, dest=dest, type=_none_or(kind), choices=choices, default=None)
+
+
+# -- train -------------------------------------------------------------------------------------------
+def add_train_parser(sub) -> None:
+    from vitscope.data.transforms import TrainTransform
+    from vitscope.recipes import list_recipes
+    from vitscope.train import TrainConfig
+
+    p = sub.add_parser("train", help="train a ViT (a preset or a config file; flags override any field)",
+                       description="Train a ViT. Start from --preset or --config, then override any field "
+                                   "with its flag. Prints the run directory.")
+    p.add_argument("--preset", choices=list_recipes(), help="a named recipe (default fmnist_quick)")
+    p.add_argument("--config", type=Path, help="a JSON config file (e.g. a run's config.json)")
+    p.add_argument("--out", type=Path, help="run directory (default runs/<preset>-<time>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a model field, e.g. --set depth=8 --set drop_path_rate=0.1")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("training fields (TrainConfig)")
+    add_dataclass_flags(g, TrainConfig)
+    a = p.add_argument_group("augmentation fields (TrainTransform)")
+    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_")
+    p.set_defaults(run=run_train)
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def build_train_config(args):
+    from vitscope.recipes import get_recipe
+    from vitscope.train import TrainConfig
+    from vitscope.vit import ViTConfig
+
+    if args.resume:
+        cfg_path = args.resume / "config.json"
+        if not cfg_path.is_file():
+            raise UsageError(f"cannot resume: {cfg_path} does not exist")
+        base = json.loads(cfg_path.read_text())
+    elif args.config:
+        if not args.config.is_file():
+            raise UsageError(f"config file {args.config} does not exist")
+        try:
+            base = json.loads(args.config.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{args.config} is not valid JSON: {e}") from e
+    else:
+        base = get_recipe(args.preset or "fmnist_quick").to_dict()
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    aug = {k[4:]: v for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
+    if args.resume and (given or aug or args.set):
+        raise UsageError("--resume continues the saved config exactly; drop the other training flags")
+    base.update(given)
+    base["augment"] = {**base.get("augment", {}), **aug}
+    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    for item in args.set:
+        if "=" not in item:
+            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        if k not in model_fields:
+            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
+        base.setdefault("model_args", {})[k] = _parse_value(v)
+    return TrainConfig.from_dict(base)
+
+
+def run_train(args) -> int:
+    from vitscope.train import train
+
+    cfg = build_train_config(args)
+    if args.resume:
+        run_dir = args.resume
+    else:
+        run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"run directory: {run_dir}", flush=True)
+    result = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress)
+    if result.stopped == "signal":
+        print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
+        return 130
+    print(f"test accuracy {100 * result.test_acc:.2f}%  (best {100 * result.best_acc:.2f}%), "
+          f"training {result.train_time_s / 60:.1f} min, {result.images_per_s:.0f} images/s")
+    print(f"run directory: {run_dir}  (curves.png, confusion.png, explorer.html, summary.json)")
+    return 0
+
+
+# -- eval --------------------------------------------------------------------------------------------
+def add_eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint",
+                       description="Evaluate a run or checkpoint on a dataset split.")
+    p.add_argument("checkpoint", help="run directory or .safetensors file")
+    p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
+    p.add_argument("--data-dir", help="where the dataset's files are")
+    p.add_argument("--split", default="test")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=run_eval)
+
+
+def run_eval(args) -> int:
+    import torch
+
+    from vitscope.data import load_dataset
+    from vitscope.train import evaluate
+
+    model, info = load_for_inference(args.checkpoint)
+    name = args.dataset or info["dataset"]
+    if not name:
+        raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
+    size = model.config.img_size
+    data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None)
+    _check_images_fit(model, data.images)
+    res = evaluate(model, data, info["mean"], info["std"], batch_size=args.batch_size,
+                   device=torch.device("cpu"))
+    conf = res["confusion"]
+    per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
+    out = {"checkpoint": info["checkpoint"], "dataset": name, "split": args.split, "n": int(conf.sum()),
+           "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
+           "confusion": conf.tolist()}
+    if args.out:
+        from vitscope.curves import plot_confusion
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot_confusion(conf, data.classes, args.out / "confusion.png", title=f"accuracy {100 * res['acc']:.2f}%")
+        (args.out / "eval.json").write_text(json.dumps(out, indent=2))
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{name} {args.split}: {out['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
+        width = max(len(c) for c in data.classes)
+        for c, acc in per_class.items():
+            print(f"  {c:<{width}}  {100 * acc:6.2f}%")
+    return 0
+
+
+def _check_images_fit(model, images) -> None:
+    c = images.shape[1]
+    if c != model.config.in_chans:
+        raise UsageError(f"the model takes {model.config.in_chans}-channel images but the data has {c}")
+    h, w = images.shape[-2:]
+    p = model.config.patch_size
+    if h % p or w % p:
+        raise UsageError(f"images of {h}x{w} cannot be cut into {p}x{p} patches; pass --image-size "
+                         f"as a multiple of {p}")
+
+
+# -- predict -----------------------------------------------------------------------------------------
+def add_predict_parser(sub) -> None:
+    p = sub.add_parser("predict", help="top-k labels for image files or a folder",
+                       description="Predict labels for image files (PNG, JPEG, ...) or every image in a folder.")
+    p.add_argument("checkpoint", help="run directory or .safetensors file")
+    p.add_argument("images", nargs="+", type=Path, help="image files or folders")
+    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=run_predict)
+
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def _image_files(paths: list[Path]) -> list[Path]:
+    files = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"no image file or folder at {p}")
+    if not files:
+        raise UsageError(f"no image files found in {', '.join(map(str, paths))}")
+    return files
+
+
+def run_predict(args) -> int:
+    import torch
+
+    from vitscope.data.transforms import eval_transform
+    from vitscope.inspect.images import load_image_files
+
+    model, info = load_for_inference(args.checkpoint)
+    files = _image_files(args.images)
+    size = model.config.img_size
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    k = max(1, min(args.top_k, len(info["classes"])))
+    results = []
+    for s in range(0, len(files), 256):
+        chunk = files[s : s + 256]
+        x = load_image_files(chunk, channels=model.config.in_chans, size=size)
+        with torch.no_grad():
+            probs = model(eval_transform(x, info["mean"], info["std"])).softmax(-1)
+        top = probs.topk(k, dim=-1)
+        for f, pv, iv in zip(chunk, top.values.tolist(), top.indices.tolist()):
+            results.append({"file": str(f), "top": [{"label": info["classes"][i], "prob": round(p, 4)}
+                                                    for p, i in zip(pv, iv)]})
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        width = max(len(r["file"]) for r in results)
+        for r in results:
+            cells = "  ".join(f"{t['label']} {100 * t['prob']:5.1f}%" for t in r["top"])
+            print(f"{r['file']:<{width}}  {cells}")
+    return 0
+
+
+# -- data --------------------------------------------------------------------------------------------
+def add_data_parser(sub) -> None:
+    p = sub.add_parser("data", help="list, verify or prepare datasets",
+                       description="list: the datasets vitscope reads; verify NAME: check files (counts, shapes, "
+                                   "checksums); prepare NAME: find or download and verify.")
+    p.add_argument("action", choices=["list", "verify", "prepare"])
+    p.add_argument("name", nargs="?", default="fashion_mnist")
+    p.add_argument("--root", help="where the dataset's files are")
+    p.set_defaults(run=run_data)
+
+
+def run_data(args) -> int:
+    from vitscope.data import list_datasets, load_dataset, verify_dataset
+
+    if args.action == "list":
+        for name in list_datasets():
+            print(name)
+        return 0
+    if args.action == "prepare":
+        for split in ("train", "test"):
+            ds = load_dataset(args.name, split, root=args.root)
+            print(f"{args.name} {split}: {len(ds)} images of {tuple(ds.images.shape[1:])}, {len(ds.classes)} classes")
+    for line in verify_dataset(args.name, args.root):
+        print(line)
+    return 0
+
+
+# -- models ------------------------------------------------------------------------------------------
+def add_models_parser(sub) -> None:
+    p = sub.add_parser("models", help="the model presets with their parameter counts")
+    p.add_argument("pattern", nargs="?", default="*", help="glob over names, e.g. 'vit_*28'")
+    p.set_defaults(run=run_models)
+
+
+def run_models(args) -> int:
+    import torch
+
+    from vitscope.models import create_model, get_config, list_models
+
+    names = list_models(args.pattern)
+    if not names:
+        raise UsageError(f"no preset matches {args.pattern!r}")
+    print(f"{'name':<26} {'params':>12}  {'image':>9}  {'patch':>5}  {'width':>5}  {'depth':>5}  {'heads':>5}")
+    for n in names:
+        cfg = get_config(n)
+        with torch.device("meta"):
+            params = create_model(n).num_params()
+        size = cfg.img_size if isinstance(cfg.img_size, int) else "x".join(map(str, cfg.img_size))
+        print(f"{n:<26} {params:>12,}  {size!s:>9}  {cfg.patch_size:>5}  {cfg.embed_dim:>5}  {cfg.depth:>5}  "
+              f"{cfg.num_heads:>5}")
+    return 0
+
+
+# -- main --------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vitscope", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_train_parser(sub)
+    add_eval_parser(sub)
+    add_predict_parser(sub)
+    from vitscope.inspect.cli import add_explain_parser
+
+    add_explain_parser(sub)
+    add_data_parser(sub)
+    add_models_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vitscope.data import DataError
+    from vitscope.train import NonFiniteLoss
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (UsageError, DataError, NonFiniteLoss, ValueError, FileNotFoundError, KeyError) as e:
+        if args.debug:
+            raise
+        msg = str(e).strip("'\"") or type(e).__name__
+        print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

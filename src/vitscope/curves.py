@@ -1,0 +1,65 @@
+"""Pictures of a training run: learning curves and the confusion matrix (matplotlib, PNG)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_curves(metrics: list[dict], out: Path, title: str = "") -> Path:
+    """Loss and accuracy against epoch, and test accuracy against training wall time."""
+    rows = [m for m in metrics if "test_acc" in m]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    ep = [m["epoch"] for m in rows]
+    axes[0].plot(ep, [m["train_loss"] for m in rows], "o-", label="train")
+    axes[0].plot(ep, [m["test_loss"] for m in rows], "o-", label="test")
+    axes[0].set(xlabel="epoch", ylabel="loss", title="loss")
+    axes[1].plot(ep, [100 * m["train_acc"] for m in rows], "o-", label="train")
+    axes[1].plot(ep, [100 * m["test_acc"] for m in rows], "o-", label="test")
+    axes[1].set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
+    axes[2].plot([m["train_time_s"] / 60 for m in rows], [100 * m["test_acc"] for m in rows], "o-")
+    axes[2].set(xlabel="training wall time (min)", ylabel="test accuracy (%)", title="accuracy vs time")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    axes[1].legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_confusion(matrix: np.ndarray, classes: list[str], out: Path, title: str = "") -> Path:
+    """Row-normalised confusion matrix (true class down, predicted class across), counts in cells."""
+    matrix = np.asarray(matrix)
+    norm = matrix / np.maximum(matrix.sum(1, keepdims=True), 1)
+    n = len(classes)
+    size = max(6, 0.55 * n + 2)
+    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), classes, rotation=45, ha="right")
+    ax.set_yticks(range(n), classes)
+    ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix (row-normalised)")
+    if n <= 20:
+        for i in range(n):
+            for j in range(n):
+                if matrix[i, j]:
+                    ax.text(j, i, str(int(matrix[i, j])), ha="center", va="center", fontsize=7,
+                            color="white" if norm[i, j] > 0.5 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

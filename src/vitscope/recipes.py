@@ -1,0 +1,68 @@
+"""Training recipes: a named TrainConfig with the command to run it and what to expect.
+
+Each docstring gives the command, the time on the stated machine and the measured result; the
+figures and the scripts that measured them are in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vitscope.data.transforms import TrainTransform
+from vitscope.train import TrainConfig
+
+_RECIPES: dict[str, Callable[[], TrainConfig]] = {}
+
+
+def recipe(fn: Callable[[], TrainConfig]) -> Callable[[], TrainConfig]:
+    _RECIPES[fn.__name__] = fn
+    return fn
+
+
+def list_recipes() -> list[str]:
+    return sorted(_RECIPES)
+
+
+def get_recipe(name: str) -> TrainConfig:
+    if name not in _RECIPES:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(list_recipes())}")
+    return _RECIPES[name]()
+
+
+def recipe_doc(name: str) -> str:
+    return (_RECIPES[name].__doc__ or "").strip().splitlines()[0]
+
+
+@recipe
+def fmnist_quick() -> TrainConfig:
+    """Fashion-MNIST in under 10 minutes on 2 CPU cores (the README's main job).
+
+    `vitscope train --preset fmnist_quick`
+    """
+    return TrainConfig(model="vit_fmnist_quick", epochs=6, batch_size=128, lr=2e-3, weight_decay=0.05,
+                       warmup_epochs=0.5, label_smoothing=0.1,
+                       augment=TrainTransform(crop="pad", pad=2, flip=True))
+
+
+@recipe
+def fmnist_best() -> TrainConfig:
+    """Fashion-MNIST, the accuracy preset: up to 60 minutes on 2 CPU cores.
+
+    `vitscope train --preset fmnist_best`
+    """
+    return TrainConfig(model="vit_fmnist_best", epochs=30, batch_size=128, lr=1.5e-3, weight_decay=0.05,
+                       warmup_epochs=1, label_smoothing=0.1, ema_decay=None,
+                       augment=TrainTransform(crop="pad", pad=2, flip=True, erase_p=0.25))
+
+
+@recipe
+def fmnist_tutorial() -> TrainConfig:
+    """The tutorials' ViT and recipe on Fashion-MNIST, for comparison: width 32, 2 heads, 6 layers,
+    patch 4, Adam (no weight decay), no augmentation, no label smoothing.
+
+    `vitscope train --preset fmnist_tutorial`
+    """
+    return TrainConfig(model="vit_tiny_patch4_28", model_args={"embed_dim": 32, "num_heads": 2, "mlp_ratio": 1.0},
+                       epochs=10, batch_size=128, lr=1e-3, min_lr=1e-3, weight_decay=0.0, warmup_epochs=0,
+                       label_smoothing=0.0, clip_grad=None, amp="fp32",
+                       augment=TrainTransform(crop="none", flip=False))

@@ -1,0 +1,160 @@
+"""The training loop on scikit-learn's bundled digits (8 x 8): overfitting, exact resume, signals,
+NaN losses and DDP equivalence."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+pytest.importorskip("sklearn")
+
+from vitscope import train as train_module  # noqa: E402
+from vitscope.data.transforms import TrainTransform  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
+from vitscope.train import NonFiniteLoss, TrainConfig, train  # noqa: E402
+
+TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
+        "class_token": False, "global_pool": "avg"}
+
+
+def tiny_config(**kw) -> TrainConfig:
+    base = dict(model="vit_tiny_patch4_28", model_args=dict(TINY), dataset="digits", epochs=2, batch_size=64,
+                lr=1e-2, warmup_epochs=0.3, amp="fp32", explain_images=0, threads=1,
+                augment=TrainTransform(crop="none", flip=False))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(run_dir, name="last.safetensors"):
+    return load_file(str(run_dir / name))
+
+
+def assert_same_weights(a, b, atol=0.0):
+    assert a.keys() == b.keys()
+    for k in a:
+        if atol == 0.0:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
+
+
+def test_tiny_model_overfits_a_tiny_batch():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", in_chans=1, **TINY)
+    x, y = torch.randn(16, 1, 8, 8), torch.arange(16) % 10
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    assert (model(x).argmax(1) == y).all()
+
+
+def test_training_learns_and_writes_the_run(tmp_path):
+    res = train(tiny_config(epochs=8), tmp_path, progress=False)
+    assert res.test_acc > 0.6  # 10 classes: chance is 0.1
+    for name in ("config.json", "metrics.jsonl", "best.safetensors", "last.safetensors", "last.state.pt",
+                 "curves.png", "confusion.png", "summary.json"):
+        assert (tmp_path / name).is_file(), name
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 8
+
+
+def test_same_config_and_seed_give_the_same_numbers(tmp_path):
+    a = train(tiny_config(epochs=1), tmp_path / "a", progress=False)
+    b = train(tiny_config(epochs=1), tmp_path / "b", progress=False)
+    assert a.test_acc == b.test_acc
+    assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
+
+
+def test_resume_mid_epoch_is_bit_identical(tmp_path):
+    cfg = tiny_config(epochs=2, model_args={**TINY, "drop_path_rate": 0.1},
+                      augment=TrainTransform(crop="pad", pad=1, flip=True, mixup_alpha=0.2, erase_p=0.25))
+    train(cfg, tmp_path / "full", progress=False)
+    part = train(cfg, tmp_path / "cut", progress=False, max_steps=30)  # 22 steps an epoch: stops mid-epoch 2
+    assert part.stopped == "finished" and not (tmp_path / "cut" / "summary.json").exists()
+    train(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
+
+
+def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
+    cfg = tiny_config(epochs=2)
+    train(cfg, tmp_path / "full", progress=False)
+
+    real = train_module.soft_cross_entropy
+    calls = {"n": 0}
+
+    def interrupt_at_step_9(logits, target):
+        calls["n"] += 1
+        if calls["n"] == 9:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(logits, target)
+
+    monkeypatch.setattr(train_module, "soft_cross_entropy", interrupt_at_step_9)
+    res = train(cfg, tmp_path / "cut", progress=False)
+    assert res.stopped == "signal"
+    assert (tmp_path / "cut" / "last.safetensors").is_file()
+    monkeypatch.setattr(train_module, "soft_cross_entropy", real)
+    train(cfg, tmp_path / "cut", resume=True, progress=False)
+    assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real = train_module.soft_cross_entropy
+    calls = {"n": 0}
+
+    def nan_after_first_epoch(logits, target):
+        calls["n"] += 1
+        loss = real(logits, target)
+        return loss * float("nan") if calls["n"] > 25 else loss
+
+    monkeypatch.setattr(train_module, "soft_cross_entropy", nan_after_first_epoch)
+    with pytest.raises(NonFiniteLoss, match="loss became nan at step 25"):
+        train(tiny_config(epochs=2), tmp_path, progress=False)
+    state = train_module.load_training_state(tmp_path / "last.state.pt")
+    assert state["step"] == 22  # the end of epoch 1, the last good one
+    for t in weights(tmp_path).values():
+        assert torch.isfinite(t).all()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, run_dir: str, cfg_dict: dict) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    train(TrainConfig.from_dict(cfg_dict), run_dir, progress=False)
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path):
+    cfg = tiny_config(epochs=1, augment=TrainTransform(crop="pad", pad=1, flip=True, mixup_alpha=0.2))
+    one = train(cfg, tmp_path / "one", progress=False)
+    mp.start_processes(_ddp_worker, args=(2, _free_port(), str(tmp_path / "two"), cfg.to_dict()),
+                       nprocs=2, join=True, start_method="spawn")
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    # The key bias shifts every score of a query equally, so softmax makes its true gradient 0;
+    # what reaches it is rounding noise, which AdamW normalises up to lr-sized steps. Summing the
+    # gradients over two processes rounds differently, so only those rows may differ visibly.
+    d = TINY["embed_dim"]
+    for name in [k for k in a if k.endswith("attn.qkv.bias")]:
+        kb_a, kb_b = a[name][d : 2 * d].clone(), b[name][d : 2 * d].clone()
+        torch.testing.assert_close(kb_a, kb_b, atol=2e-4, rtol=0)
+        a[name][d : 2 * d] = 0
+        b[name][d : 2 * d] = 0
+    assert_same_weights(a, b, atol=1e-6)
+    summary = (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()
+    assert len(summary) == 1  # only rank 0 writes
+    import json
+
+    assert abs(json.loads(summary[0])["test_acc"] - one.test_acc) < 0.01
