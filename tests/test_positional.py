@@ -56,12 +56,17 @@ def test_sincos2d_vit_positions_are_fixed_not_learned():
                             num_classes=3, pos_embed="sincos2d").eval()
     assert not any("pos" in name for name, _ in vit.named_parameters())
     assert not any("pos" in name for name in vit.state_dict())  # recomputed, never saved
+    assert "pos_embed_fixed" in dict(vit.named_buffers())  # a buffer: follows .to(device/dtype)
     x = torch.randn(2, 3, 8, 12)
     with torch.no_grad():
         patches = vit.patch_embed(x)
         cls = vit.cls_token.expand(2, -1, -1)
         want = torch.cat([cls, patches + sincos_2d(2, 3, 16)], dim=1)  # CLS gets no position
         torch.testing.assert_close(vit.embed(x), want)
+        # another grid computes its own encoding rather than resampling
+        x2 = torch.randn(1, 3, 12, 8)
+        want2 = torch.cat([vit.cls_token, vit.patch_embed(x2) + sincos_2d(3, 2, 16)], dim=1)
+        torch.testing.assert_close(vit.embed(x2), want2)
 
 
 def _table(prefix: int, h: int, w: int, d: int = 6) -> torch.Tensor:

@@ -227,6 +227,8 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        if cfg.pos_embed == "sincos2d":  # fixed: a buffer, recomputed rather than saved
+            self.register_buffer("pos_embed_fixed", self._sincos(gh, gw), persistent=False)
         self._pos_cache: dict = {}
         self.init_weights()
 
@@ -251,23 +253,31 @@ class VisionTransformer(nn.Module):
     def grid_size_for(self, x: Tensor) -> tuple[int, int]:
         return self.patch_embed.check(x)
 
+    def _sincos(self, gh: int, gw: int) -> Tensor:
+        pos = sincos_2d(gh, gw, self.config.embed_dim)[None]  # (1, gh·gw, D)
+        return torch.cat([pos.new_zeros(1, self.num_prefix_tokens, pos.shape[-1]), pos], dim=1)
+
     def _pos_for_grid(self, gh: int, gw: int, ref: Tensor) -> Tensor | None:
-        """Position embedding (1, P + gh·gw, D) or (1, gh·gw, D) for the grid at hand."""
+        """Position embedding (1, P + gh·gw, D) for the grid at hand (prefix rows zero for sincos).
+
+        The trained grid uses the table (or the fixed buffer) as it is; another grid resamples the
+        learned table (cached while no gradient is needed) or computes its sin-cos (cached).
+        """
         cfg = self.config
         if cfg.pos_embed == "none":
             return None
-        key = (gh, gw, ref.device, ref.dtype,
-               self.pos_embed._version if self.pos_embed is not None else -1)
+        if (gh, gw) == self.patch_embed.grid_size:
+            return self.pos_embed if cfg.pos_embed == "learn" else self.pos_embed_fixed.to(ref.dtype)
+        if cfg.pos_embed == "sincos2d":
+            key = (gh, gw, ref.device, ref.dtype)
+            if key not in self._pos_cache:
+                self._pos_cache[key] = self._sincos(gh, gw).to(ref)
+            return self._pos_cache[key]
+        key = (gh, gw, ref.device, ref.dtype, self.pos_embed._version)
         if not torch.is_grad_enabled() and key in self._pos_cache:
             return self._pos_cache[key]
-        if cfg.pos_embed == "sincos2d":
-            pos = sincos_2d(gh, gw, cfg.embed_dim).to(ref)[None]  # (1, gh·gw, D)
-            if self.num_prefix_tokens:
-                pos = torch.cat([pos.new_zeros(1, self.num_prefix_tokens, cfg.embed_dim), pos], dim=1)
-        else:
-            pos = resample_pos_embed(self.pos_embed, (gh, gw), self.patch_embed.grid_size,
-                                     num_prefix_tokens=self.num_prefix_tokens,
-                                     antialias=cfg.pos_embed_antialias)
+        pos = resample_pos_embed(self.pos_embed, (gh, gw), self.patch_embed.grid_size,
+                                 num_prefix_tokens=self.num_prefix_tokens, antialias=cfg.pos_embed_antialias)
         if not torch.is_grad_enabled():
             if len(self._pos_cache) > 16:
                 self._pos_cache.clear()
