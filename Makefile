@@ -3,7 +3,7 @@
 
 run:
 	@./scripts/setup.sh run
-	.venv/bin/vitscope train --preset fmnist_quick
+	.venv/bin/vitscope train --preset fmnist_quick --out runs/fmnist_quick
 
 test:
 	@./scripts/setup.sh test

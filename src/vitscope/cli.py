@@ -54,18 +54,19 @@ def load_for_inference(path: str | Path):
 
 
 def _field_type(tp):
-    """The scalar type argparse should parse a dataclass field with."""
+    """(scalar type argparse should parse a dataclass field with, its choices, whether None is allowed)."""
     origin = typing.get_origin(tp)
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    args = typing.get_args(tp)
     if origin is typing.Literal:
-        return str, list(typing.get_args(tp))
-    if origin is typing.Union or (origin is not None and type(None) in typing.get_args(tp)):
-        return _field_type(args[0])
+        return str, list(args), False
+    if type(None) in args:
+        kind, choices, _ = _field_type(next(a for a in args if a is not type(None)))
+        return kind, choices, True
     if origin is tuple:
-        return "tuple", None
+        return "tuple", None, False
     if tp in (int, float, str, bool):
-        return tp, None
-    return None, None
+        return tp, None, False
+    return None, None, False
 
 
 def _bool(s: str) -> bool:
@@ -87,7 +88,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
     """One flag per dataclass field (`--lr`, `--aug-policy`, ...), defaulting to 'not given'."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind, choices = _field_type(hints[f.name])
+        kind, choices, optional = _field_type(hints[f.name])
         flag = "--" + prefix + f.name.replace("_", "-")
         dest = dest_prefix + f.name
         if kind is None:
@@ -97,7 +98,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
         elif kind is bool:
             parser.add_argument(flag, dest=dest, type=_bool, default=None, metavar="{true,false}")
         else:
-            parser.add_argument(flag, dest=dest, type=_none_or(kind), choices=choices, default=None)
+            parser.add_argument(flag, dest=dest, type=_none_or(kind) if optional else kind, choices=choices,
+                                default=None, metavar="none|" + kind.__name__ if optional else None)
 
 
 # -- train -------------------------------------------------------------------------------------------
@@ -387,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         msg = str(e).strip("'\"") or type(e).__name__
+        msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())  # one line
         print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

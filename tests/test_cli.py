@@ -1,0 +1,132 @@
+"""The command line end to end on a tiny dataset, and its error paths (one line, exit code 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitscope.cli import main
+
+pytest.importorskip("sklearn")
+
+TINY = ["--model", "vit_tiny_patch4_28", "--set", "img_size=8", "--set", "patch_size=2", "--set", "embed_dim=32",
+        "--set", "depth=2", "--set", "num_heads=2", "--set", "class_token=false", "--set", "global_pool=\"avg\"",
+        "--dataset", "digits", "--epochs", "2", "--batch-size", "64", "--lr", "0.01", "--amp", "fp32",
+        "--aug-crop", "none", "--aug-flip", "false", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", *TINY, "--explain-images", "2", "--out", str(out)]) == 0
+    return out
+
+
+def test_train_writes_a_complete_run(run_dir, capsys):
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["model_args"]["depth"] == 2 and cfg["dataset"] == "digits" and cfg["augment"]["crop"] == "none"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0.0 <= summary["test_acc"] <= 1.0 and summary["parameters"] > 0
+    for name in ("curves.png", "confusion.png", "explorer.html", "metrics.jsonl", "best.safetensors"):
+        assert (run_dir / name).stat().st_size > 100, name
+
+
+def test_eval_prints_accuracy_and_writes_confusion(run_dir, tmp_path, capsys):
+    assert main(["eval", str(run_dir), "--json", "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert out["dataset"] == "digits" and out["n"] == 359
+    assert abs(out["accuracy"] - summary["best_test_acc"]) < 1e-9  # best.safetensors is what eval loads
+    assert np.array(out["confusion"]).sum() == 359
+    assert (tmp_path / "confusion.png").is_file()
+
+
+def test_predict_table_and_json(run_dir, tmp_path, capsys):
+    from vitscope.data import load_dataset
+
+    ds = load_dataset("digits", "test")
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(ds.images[i, 0].numpy()).save(folder / f"d{i}.png")
+    assert main(["predict", str(run_dir), str(folder), "--top-k", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res) == 3 and all(len(r["top"]) == 2 for r in res)
+    assert all(abs(sum(t["prob"] for t in r["top"])) <= 1.0001 for r in res)
+    assert main(["predict", str(run_dir), str(folder / "d0.png")]) == 0
+    assert "d0.png" in capsys.readouterr().out
+
+
+def test_explain_writes_explorer_and_pictures(run_dir, tmp_path, capsys):
+    assert main(["explain", str(run_dir), "--dataset", "digits", "--num", "3", "--importance-samples", "64",
+                 "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "explorer.html").stat().st_size > 1000
+    assert len(list(tmp_path.glob("*.png"))) >= 3
+
+
+def test_resume_of_a_finished_run_needs_no_flags(run_dir, capsys):
+    code = main(["train", "--resume", str(run_dir), "--epochs", "3"])
+    assert code == 2
+    assert "drop the other training flags" in capsys.readouterr().err
+
+
+def test_models_and_data_list(capsys):
+    assert main(["models", "vit_base*"]) == 0
+    assert "86,567,656" in capsys.readouterr().out
+    assert main(["data", "list"]) == 0
+    assert "fashion_mnist" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["eval", "/no/such/run"], "no checkpoint at /no/such/run"),
+    (["predict", "/no/such/run", "x.png"], "no checkpoint at /no/such/run"),
+    (["train", "--set", "depthh=3", "--epochs", "1"], "not a model field"),
+    (["train", "--set", "depth"], "--set takes FIELD=VALUE"),
+    (["train", "--config", "/no/such.json"], "does not exist"),
+    (["train", "--batch-size", "0"], "batch_size must be at least 1"),
+    (["models", "nothing*"], "no preset matches"),
+])
+def test_user_errors_are_one_line_with_exit_code_2(argv, expected, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and "\n" not in err and "Traceback" not in err
+
+
+def test_data_the_model_cannot_take(tmp_path, capsys):
+    from vitscope.checkpoints import save_model
+    from vitscope.models import create_model
+
+    ckpt = tmp_path / "rgb.safetensors"
+    save_model(create_model("vit_tiny_patch4_28", in_chans=3, img_size=8, patch_size=2, depth=1), ckpt)
+    assert main(["eval", str(ckpt), "--dataset", "digits"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "takes 3-channel images but the data has 1" in err and "\n" not in err
+
+
+def test_missing_dataset_files_are_one_line(tmp_path, capsys, monkeypatch):
+    import urllib.request
+
+    def offline(*a, **k):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setenv("VITSCOPE_DATA", str(tmp_path / "cache"))
+    assert main(["data", "verify", "mnist", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vitscope data: error:") and "\n" not in err
+
+
+def test_argparse_errors_exit_2_without_traceback():
+    r = subprocess.run([sys.executable, "-m", "vitscope", "train", "--amp", "fp64"], capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_debug_shows_the_traceback():
+    r = subprocess.run([sys.executable, "-m", "vitscope", "--debug", "eval", "/no/such/run"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" in r.stderr
