@@ -26,9 +26,10 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "explain",
         help="attention pictures and an interactive HTML explorer for a trained model",
-        description="Look inside a model: CLS attention and rollout overlays, every head of a layer, mean "
-                    "attention distance, the four attention regions, head importance and pruning curves "
-                    "(PNG), and explorer.html, one self-contained page to explore attention by hovering.",
+        description="Look inside a model: CLS attention and rollout overlays, every head of a layer,\n"
+                    "mean attention distance, the four attention regions, head importance and pruning\n"
+                    "curves (PNG), and explorer.html: one self-contained page to explore attention by\n"
+                    "hovering over patches (no network needed).",
         epilog="examples:\n  vitscope explain runs/quick shoe.png shirt.jpg --out explain/\n"
                "  vitscope explain runs/quick --dataset fashion_mnist --num 8 --out explain/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -46,6 +47,7 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelled dataset images used for head importance and pruning (default: 512; "
                         "0 skips them)")
     p.add_argument("--no-report", action="store_true", help="write only explorer.html, no PNG pictures")
+    p.set_defaults(run=run_explain)
     return p
 
 
@@ -91,12 +93,11 @@ def _dataset_sample(args, model, n: int):
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    """Run `vitscope explain`; prints the files written. A user error is one line and exit code 2
+    (with `args.debug`, the traceback instead)."""
     try:
         paths = explain(args)
-    except (ExplainError, CaptureTooLarge, FileNotFoundError) as e:
-        print(f"vitscope explain: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
+    except (ExplainError, CaptureTooLarge, FileNotFoundError, ValueError) as e:
         if getattr(args, "debug", False):
             raise
         print(f"vitscope explain: error: {e}", file=sys.stderr)

@@ -24,7 +24,7 @@ from vitscope.inspect.explorer_page import PAGE
 from vitscope.inspect.images import display_image, model_inputs
 from vitscope.inspect.importance import HeadImportance
 from vitscope.inspect.rollout import rollout
-from vitscope.inspect.stats import HeadStats, head_stats
+from vitscope.inspect.stats import HeadStats, head_stats, nan_to_none
 
 # Past this the page gets slow to open; the error says how to shrink it.
 DEFAULT_MAX_PAGE_BYTES = 64 * 2**20
@@ -94,16 +94,6 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
     }
 
 
-def _nan_to_none(x):
-    if isinstance(x, float) and x != x:
-        return None
-    if isinstance(x, list):
-        return [_nan_to_none(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _nan_to_none(v) for k, v in x.items()}
-    return x
-
-
 def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
                    labels: Sequence[int] | Tensor | None = None, class_names: Sequence[str] | None = None,
                    stats: HeadStats | None = None,
@@ -120,7 +110,7 @@ def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
     data = explorer_data(model, images, labels=labels, class_names=class_names, stats=stats,
                          importance=importance, image_names=image_names, mean=mean, std=std,
                          max_bytes=max_bytes)
-    text = json.dumps(_nan_to_none(data), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    text = json.dumps(nan_to_none(data), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     page = PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", text)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

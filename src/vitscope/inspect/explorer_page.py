@@ -73,7 +73,7 @@ PAGE = r"""<!DOCTYPE html>
   <table id="stats"><thead></thead><tbody></tbody></table>
   <p class="muted">Distance: mean attention distance in pixels between patch centres (patch rows,
   re-normalised over patches). Entropy in nats. Region columns: share of the row set's attention.
-  Click a row to show that head. Each map's colours run from its own minimum to its maximum (numbers under it).</p>
+  Click a row to show that head. Each map's colours run from 0 to its own maximum (the number under it).</p>
 </div>
 <script id="vitscope-data" type="application/json">__DATA__</script>
 <script>
@@ -143,7 +143,8 @@ PAGE = r"""<!DOCTYPE html>
     let mx = 0, mn = Infinity;
     for (const v of values) { mx = Math.max(mx, v); mn = Math.min(mn, v); }
     for (let r = 0; r < GH; r++) for (let c = 0; c < GW; c++) {
-      const [cr, cg, cb] = color(mx > mn ? (values[r * GW + c] - mn) / (mx - mn) : 0.5);
+      // 0 .. max, not min .. max: a nearly uniform map should look nearly uniform
+      const [cr, cg, cb] = color(mx > 0 ? values[r * GW + c] / mx : 0);
       ctx.fillStyle = "rgba(" + cr + "," + cg + "," + cb + "," + state.opacity + ")";
       ctx.fillRect(c * cellW, r * cellH, cellW, cellH);
     }
@@ -156,7 +157,8 @@ PAGE = r"""<!DOCTYPE html>
     cv.dataset.max = String(mx);
     cv.dataset.min = String(mn);
     const which = id === "map-row" ? "row" : "col";
-    document.getElementById(which + "-min").textContent = mn.toPrecision(3);
+    document.getElementById(which + "-min").textContent = "0";
+    document.getElementById(which + "-max").title = "smallest value shown: " + mn.toPrecision(3);
     document.getElementById(which + "-max").textContent = mx.toPrecision(3);
   }
   function drawScale(id) {

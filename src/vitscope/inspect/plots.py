@@ -34,6 +34,7 @@ from vitscope.inspect.stats import (  # noqa: E402
     HeadStats,
     cls_maps,
     head_stats,
+    nan_to_none,
     patch_distances,
 )
 
@@ -57,7 +58,9 @@ def overlay(ax, image: Tensor | np.ndarray, attention: Tensor | np.ndarray, *, a
     h, w = img.shape[:2]
     # imshow puts pixel centres on integers, so the image spans -0.5 .. size - 0.5
     extent = (-0.5, w - 0.5, h - 0.5, -0.5)
-    ax.imshow(amap, cmap=OVERLAY_CMAP, alpha=alpha, extent=extent, interpolation="nearest")
+    # 0 .. max, not min .. max: a nearly uniform map should look nearly uniform
+    ax.imshow(amap, cmap=OVERLAY_CMAP, alpha=alpha, extent=extent, interpolation="nearest", vmin=0,
+              vmax=max(float(np.nanmax(amap)), 1e-12))
     ax.set_xlim(extent[0], extent[1])
     ax.set_ylim(extent[2], extent[3])
     if title:
@@ -85,7 +88,8 @@ def plot_overlays(images: Tensor, capture: AttentionCapture, path: Path, *, grad
     n = min(len(images), max_images)
     cls = cls_maps(capture[len(capture) - 1], layout).mean(1)  # (B, h, w)
     roll = rollout_map(rollout(capture.layers(), num_prefix_tokens=layout.num_prefix_tokens), layout)
-    cols = [("CLS attention, last layer", cls), ("attention rollout", roll)]
+    first = "CLS attention, last layer" if layout.num_prefix_tokens else "mean patch attention, last layer"
+    cols = [(first, cls), ("attention rollout", roll)]
     if grad_maps is not None:
         cols.append(("gradient-weighted rollout", grad_maps))
     aspect = layout.image_size[1] / layout.image_size[0]
@@ -101,7 +105,7 @@ def plot_overlays(images: Tensor, capture: AttentionCapture, path: Path, *, grad
         axes[i, 0].set_title(head, fontsize=9)
         for j, (name, maps) in enumerate(cols, start=1):
             overlay(axes[i, j], images[i], maps[i], title=name if i == 0 else None)
-    fig.suptitle("Where the model looks (brighter = more; each map scaled to its own range)", fontsize=10)
+    fig.suptitle("Where the model looks (brighter = more; each map from 0 to its own maximum)", fontsize=10)
     return _save(fig, path)
 
 
@@ -118,7 +122,7 @@ def plot_heads_grid(image: Tensor, capture: AttentionCapture, path: Path, *, ima
         maps = cls_maps(capture[layer], layout)[image_index]  # (H, h, w)
         for h in range(heads):
             ax = axes[r, h]
-            overlay(ax, image, maps[h] / maps[h].max().clamp_min(1e-12))
+            overlay(ax, image, maps[h])
             if r == 0:
                 ax.set_title(f"head {h}", fontsize=9)
             if h == 0:
@@ -183,7 +187,10 @@ def plot_regions(stats: HeadStats, path: Path) -> Path:
                                             2 * max(2.6, 0.38 * stats.regions.shape[0] + 1.2)),
                              layout="constrained")
     for ax, name in zip(axes.ravel(), REGIONS):
-        im = _heatmap(ax, stats.region(name), title=REGION_LABELS[name], cmap="viridis", vmin=0, vmax=1)
+        values = stats.region(name)
+        im = _heatmap(ax, values, title=REGION_LABELS[name], cmap="viridis", vmin=0, vmax=1)
+        if np.isnan(values).all():
+            ax.text(0.5, 0.5, "the model has no CLS token", transform=ax.transAxes, ha="center", va="center")
     fig.colorbar(im, ax=axes, shrink=0.8, label="share of the row's attention")
     fig.suptitle("The four regions: top, CLS rows; bottom, patch rows (each pair sums to 1)", fontsize=10)
     return _save(fig, path)
@@ -272,6 +279,6 @@ def write_report(model: nn.Module, images: Tensor, out_dir: str | Path,
                   plot_pruning(curves, out / "pruning.png")]
         report["importance"] = {"ablation": abl.to_dict(), "gradient": grad.to_dict()}
         report["pruning"] = {k: c.to_dict() for k, c in curves.items()}
-    (out / "stats.json").write_text(json.dumps(report, indent=1))
+    (out / "stats.json").write_text(json.dumps(nan_to_none(report), indent=1, allow_nan=False))
     paths.append(out / "stats.json")
     return paths

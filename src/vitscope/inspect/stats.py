@@ -101,6 +101,17 @@ def entropy(weights: Tensor) -> Tensor:
     return h.mean((0, 2)).float()
 
 
+def nan_to_none(x):
+    """For JSON, which has no NaN: regions that do not exist (CLS rows without a CLS token) become null."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, list):
+        return [nan_to_none(v) for v in x]
+    if isinstance(x, dict):
+        return {k: nan_to_none(v) for k, v in x.items()}
+    return x
+
+
 @dataclass
 class HeadStats:
     """Per-layer, per-head statistics of one batch: arrays (L, H), regions (L, H, 4)."""
