@@ -45,7 +45,7 @@ def test_explain_run_directory_with_image_files(run_dir, tmp_path, capsys):
 
 def test_explain_errors_are_one_line_with_exit_code_2(run_dir, tmp_path, capsys):
     assert run_explain(_parse([str(tmp_path / "nowhere"), "x.png", "--out", str(tmp_path / "o")])) == 2
-    assert "no checkpoint or run directory" in capsys.readouterr().err
+    assert "no checkpoint at" in capsys.readouterr().err
     assert run_explain(_parse([str(run_dir), "--out", str(tmp_path / "o")])) == 2
     assert "give image files, or --dataset" in capsys.readouterr().err
     missing = str(tmp_path / "missing.png")

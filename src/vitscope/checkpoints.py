@@ -137,6 +137,22 @@ def read_metadata(path: PathLike) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
+RUN_CHECKPOINTS = ("best.safetensors", "last.safetensors")
+
+
+def find_checkpoint(path: PathLike) -> Path:
+    """A .safetensors file as given, or a run directory's best (else last) checkpoint."""
+    p = Path(path)
+    if p.is_dir():
+        for name in RUN_CHECKPOINTS:
+            if (p / name).is_file():
+                return p / name
+        raise FileNotFoundError(f"{p} holds no {' or '.join(RUN_CHECKPOINTS)}; is it a vitscope run directory?")
+    if not p.is_file():
+        raise FileNotFoundError(f"no checkpoint at {p}: give a run directory or a .safetensors file")
+    return p
+
+
 def load_model(path: PathLike, *, map_location: str | torch.device = "cpu") -> VisionTransformer:
     """Rebuild the model saved by `save_model` from its config and load its weights strictly (eval mode)."""
     meta = read_metadata(path)

@@ -22,24 +22,11 @@ class UsageError(Exception):
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory (its best, else last, checkpoint) or a .safetensors file."""
-    p = Path(path)
-    if p.is_dir():
-        for name in ("best.safetensors", "last.safetensors"):
-            if (p / name).is_file():
-                return p / name
-        raise UsageError(f"{p} holds no best.safetensors or last.safetensors; is it a vitscope run directory?")
-    if not p.is_file():
-        raise UsageError(f"no checkpoint at {p}: give a run directory or a .safetensors file")
-    return p
-
-
 def load_for_inference(path: str | Path):
     """(model in eval mode, metadata dict with classes/mean/std where the run saved them)."""
-    from vitscope.checkpoints import load_model, read_metadata
+    from vitscope.checkpoints import find_checkpoint, load_model, read_metadata
 
-    ckpt = resolve_checkpoint(path)
+    ckpt = find_checkpoint(path)
     model = load_model(ckpt).eval()
     meta = read_metadata(ckpt)
     c = model.config.in_chans

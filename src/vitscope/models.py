@@ -90,11 +90,11 @@ def vit_tiny_patch7_28() -> ViTConfig:
 def vit_fmnist_quick() -> ViTConfig:
     """The README's default: a small hybrid ViT for 28 x 28 grayscale (see recipes.fmnist_quick).
 
-    A 3x3 conv stem at full resolution feeds 7 x 7 patches (4 x 4 = 16 tokens) of width 192;
-    2-D sin-cos positions and average pooling.
+    Two 3x3 convs (the second with stride 2) make a 14 x 14 map; 2 x 2 patches of it give 7 x 7 = 49
+    tokens of width 128 through 4 blocks; 2-D sin-cos positions and average pooling.
     """
-    return ViTConfig(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=192, depth=6,
-                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1)], class_token=False, global_pool="avg",
+    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4,
+                     num_heads=4, mlp_ratio=2.0, stem=[(16, 1), (32, 2)], class_token=False, global_pool="avg",
                      pos_embed="sincos2d")
 
 

@@ -39,8 +39,8 @@ def fmnist_quick() -> TrainConfig:
 
     `vitscope train --preset fmnist_quick`
     """
-    return TrainConfig(model="vit_fmnist_quick", epochs=6, batch_size=128, lr=2e-3, weight_decay=0.05,
-                       warmup_epochs=0.5, label_smoothing=0.1,
+    return TrainConfig(model="vit_fmnist_quick", epochs=5, batch_size=128, lr=2e-3, weight_decay=0.05,
+                       warmup_epochs=0.3, label_smoothing=0.1,
                        augment=TrainTransform(crop="pad", pad=2, flip=True))
 
 

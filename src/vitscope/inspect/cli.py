@@ -15,8 +15,6 @@ import torch
 
 from vitscope.inspect.capture import CaptureTooLarge
 
-CHECKPOINT_NAMES = ("best.safetensors", "last.safetensors")
-
 
 class ExplainError(Exception):
     """A problem the user can fix; printed as one line."""
@@ -51,22 +49,10 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _checkpoint(path: Path) -> Path:
-    if path.is_dir():
-        for name in CHECKPOINT_NAMES:
-            if (path / name).is_file():
-                return path / name
-        raise ExplainError(f"{path} holds no {' or '.join(CHECKPOINT_NAMES)}; give a run directory or a "
-                           f".safetensors file")
-    if not path.is_file():
-        raise ExplainError(f"no checkpoint or run directory at {path}")
-    return path
-
-
 def _load(path: Path):
-    from vitscope.checkpoints import load_model, read_metadata
+    from vitscope.checkpoints import find_checkpoint, load_model, read_metadata
 
-    ckpt = _checkpoint(path)
+    ckpt = find_checkpoint(path)
     try:
         model = load_model(ckpt).eval()
         meta = read_metadata(ckpt)

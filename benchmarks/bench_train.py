@@ -1,0 +1,103 @@
+"""Time to accuracy on Fashion-MNIST: train presets (one process each, one after another) and print
+test accuracy against training wall time, with the machine and versions beside it.
+
+    python benchmarks/bench_train.py --presets fmnist_quick fmnist_tutorial --seeds 0 1
+    python benchmarks/bench_train.py --from-runs runs/bench/*      # tabulate runs already made
+
+Writes a markdown table (stdout, and --out FILE) and the curves (accuracy vs wall time) as a PNG.
+Runs must not share the machine with other heavy work: wall time is the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import machine_header  # noqa: E402
+
+
+def run_preset(preset: str, seed: int, out: Path, extra: list[str]) -> Path:
+    run_dir = out / f"{preset}-seed{seed}"
+    cmd = [sys.executable, "-m", "vitscope", "train", "--preset", preset, "--seed", str(seed), "--no-progress",
+           "--explain-images", "0", "--out", str(run_dir), *extra]
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True)
+    return run_dir
+
+
+def load_run(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"dir": run_dir, "summary": summary, "config": config, "metrics": metrics}
+
+
+def table(runs: list[dict]) -> str:
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["dir"].name.rsplit("-seed", 1)[0], []).append(r)
+    lines = ["| preset | model | params | epochs | seeds | test acc % (each) | mean | train time min (each) | images/s |",
+             "|---|---|---:|---:|---:|---|---:|---|---:|"]
+    for name, rs in groups.items():
+        accs = [100 * r["summary"]["test_acc"] for r in rs]
+        mins = [r["summary"]["train_time_s"] / 60 for r in rs]
+        ips = statistics.mean(r["summary"]["images_per_s"] for r in rs)
+        s = rs[0]["summary"]
+        lines.append(f"| {name} | {s['model']} | {s['parameters']:,} | {s['epochs']} | {len(rs)} | "
+                     f"{', '.join(f'{a:.2f}' for a in accs)} | {statistics.mean(accs):.2f} | "
+                     f"{', '.join(f'{m:.1f}' for m in mins)} | {ips:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in runs:
+        m = r["metrics"]
+        ax.plot([row["train_time_s"] / 60 for row in m], [100 * row["test_acc"] for row in m], "o-", ms=3,
+                label=r["dir"].name)
+    ax.axhline(92, color="grey", ls="--", lw=0.8)
+    ax.axvline(10, color="grey", ls=":", lw=0.8)
+    ax.set(xlabel="training wall time (min, 2 CPU cores)", ylabel="test accuracy (%)",
+           title="Fashion-MNIST: accuracy against training time", ylim=(80, 96))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="*", default=["fmnist_quick", "fmnist_tutorial"])
+    ap.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
+    ap.add_argument("--runs-dir", type=Path, default=Path("runs/bench"))
+    ap.add_argument("--from-runs", nargs="*", type=Path, help="tabulate these run directories instead of training")
+    ap.add_argument("--png", type=Path, default=Path("benchmarks/train_curves.png"))
+    ap.add_argument("--out", type=Path, help="also write the markdown here")
+    ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every `vitscope train`")
+    args = ap.parse_args()
+    extra = [a for a in args.extra if a != "--"]
+    if args.from_runs:
+        dirs = [d for d in args.from_runs if (d / "summary.json").is_file()]
+    else:
+        dirs = [run_preset(p, s, args.runs_dir, extra) for p in args.presets for s in args.seeds]
+    runs = [load_run(d) for d in dirs]
+    plot(runs, args.png)
+    text = f"{machine_header()}\n\n{table(runs)}\n\nCurves: `{args.png}`\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
