@@ -41,7 +41,7 @@ def table(runs: list[dict]) -> str:
     groups: dict[str, list[dict]] = {}
     for r in runs:
         groups.setdefault(r["dir"].name.rsplit("-seed", 1)[0], []).append(r)
-    lines = ["| preset | model | params | epochs | seeds | test acc % (each) | mean | train time min (each) | images/s |",
+    lines = ["| preset | model | params | epochs | seeds | test acc % (each) | mean | train min (each) | images/s |",
              "|---|---|---:|---:|---:|---|---:|---|---:|"]
     for name, rs in groups.items():
         accs = [100 * r["summary"]["test_acc"] for r in rs]
