@@ -10,7 +10,7 @@ from vitscope.attention import (
     key_padding_mask,
 )
 from vitscope.models import create_model, list_models
-from vitscope.vit import ViTConfig, VisionTransformer
+from vitscope.vit import VisionTransformer, ViTConfig
 
 __version__ = "0.1.0"
 

@@ -20,9 +20,10 @@ from einops import rearrange
 from torch import Tensor, nn
 
 # At or below this many keys, half-precision training runs the explicit path: PyTorch's fused CPU
-# kernel is slower backwards in bfloat16 at ViT-sized sequences (benchmarks/bench_attention.py).
-# Above it the fused kernel is used so the Nq x Nk matrix is never materialised.
-EXPLICIT_HALF_MAX_KEYS = 512
+# kernel is slower backwards in bfloat16 at ViT-sized sequences. Measured (bench_attention.py,
+# forward+backward, bfloat16): explicit/fused time 0.25 at N=65, 0.71 at N=197, 1.06 at N=257,
+# 1.54 at N=513. Above it the fused kernel runs, so the Nq x Nk matrix is never materialised.
+EXPLICIT_HALF_MAX_KEYS = 256
 
 
 def causal_mask(nq: int, nk: int, device: torch.device | None = None) -> Tensor:

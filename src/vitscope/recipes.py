@@ -38,15 +38,18 @@ def fmnist_quick() -> TrainConfig:
     """Fashion-MNIST in under 10 minutes on 2 CPU cores (the README's main job).
 
     `vitscope train --preset fmnist_quick`
+    Measured (AMD EPYC, 2 cores, bf16 autocast, seed 0): 89.30% test accuracy after 9.0 minutes of
+    training, 885 images/s. The target is 92%: train and test accuracy stay level, so the model
+    underfits in this budget (benchmarks/RESULTS.md).
     """
-    return TrainConfig(model="vit_fmnist_quick", epochs=5, batch_size=128, lr=2e-3, weight_decay=0.05,
+    return TrainConfig(model="vit_fmnist_quick", epochs=8, batch_size=128, lr=2e-3, weight_decay=0.05,
                        warmup_epochs=0.3, label_smoothing=0.1,
                        augment=TrainTransform(crop="pad", pad=2, flip=True))
 
 
 @recipe
 def fmnist_best() -> TrainConfig:
-    """Fashion-MNIST, the accuracy preset: up to 60 minutes on 2 CPU cores.
+    """Fashion-MNIST, the accuracy preset: up to 60 minutes on 2 CPU cores. Not yet measured.
 
     `vitscope train --preset fmnist_best`
     """
