@@ -284,6 +284,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
     end = total if max_steps is None else min(total, max_steps)
     bar = tqdm(total=total, initial=step, disable=not (progress and info.is_main), unit="step",
                dynamic_ncols=True, desc=f"train {cfg.model}")
+    ev, ev_step = None, -1  # the latest evaluation and the step it was made at
     with _Stopper() as stopper:
         while step < end:
             epoch, first = divmod(step, steps_per_epoch)
@@ -338,6 +339,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 break
             ev = evaluate(ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size,
                           bf16=bf16, device=device, info=info)
+            ev_step = step
             row = {"epoch": epoch + 1, "step": step, "lr": lr_at(step - 1, total, warmup, cfg),
                    "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1),
                    "test_loss": ev["loss"], "test_acc": ev["acc"], "train_time_s": round(train_time, 2),
@@ -352,8 +354,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
             save("last")
     bar.close()
 
-    final = evaluate(ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size,
-                     bf16=bf16, device=device, info=info)
+    final = ev if ev_step == step else evaluate(ema or model, eval_set, transform.mean, transform.std,
+                                                batch_size=cfg.eval_batch_size, bf16=bf16, device=device, info=info)
     result = TrainResult(run_dir, final["acc"], max(best_acc, final["acc"]), train_time,
                          seen / max(train_time, 1e-9) if seen else 0.0, stopped)
     if info.is_main and stopped == "finished" and step >= total:

@@ -250,9 +250,6 @@ class VisionTransformer(nn.Module):
         return {"pos_embed", "cls_token"}
 
     # -- tokens ---------------------------------------------------------------------------------
-    def grid_size_for(self, x: Tensor) -> tuple[int, int]:
-        return self.patch_embed.check(x)
-
     def _sincos(self, gh: int, gw: int) -> Tensor:
         pos = sincos_2d(gh, gw, self.config.embed_dim)[None]  # (1, gh·gw, D)
         return torch.cat([pos.new_zeros(1, self.num_prefix_tokens, pos.shape[-1]), pos], dim=1)
