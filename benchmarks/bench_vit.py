@@ -1,0 +1,555 @@
+"""Whole-ViT speed and memory on this machine: vitscope against the ViTs users pick instead.
+
+Training steps (forward, cross-entropy, backward, AdamW step, zero_grad) and inference forwards
+(in `torch.inference_mode`), in images/s, for the same model shape in several implementations:
+
+  vitscope             vitscope.models.create_model (the preset, plus overrides for the shape)
+  transformers sdpa    transformers' ViTForImageClassification, attn_implementation="sdpa"
+  transformers eager   the same with attn_implementation="eager"
+  vit-pytorch          lucidrains' vit_pytorch.vit.ViT (optional, see VIT_PYTORCH_INSTALL)
+  tutorial             the tutorials' ViT as they wrote it (benchmarks/_tutorial_vit.py)
+
+Shapes: `fmnist_plain` (28x28x1, patch 4, width 128, depth 6, heads 4, MLP 512, batch 256) and
+`vit_s16` (ViT-S/16, 224x224x3, batch 32 training / 64 inference) in every implementation, and
+vitscope's Fashion-MNIST presets `fmnist_quick` and `fmnist_best` (conv stems; vitscope only).
+Each in float32 and in bfloat16 autocast, eager and under torch.compile. Every case runs in a
+fresh Python process, so its peak memory is its own.
+
+    .venv/bin/python benchmarks/bench_vit.py                          # full run, ~20-25 min on 2 cores
+    .venv/bin/python benchmarks/bench_vit.py --no-compile             # skip the torch.compile rows
+    .venv/bin/python benchmarks/bench_vit.py --quick                  # smoke run: small batches, few steps
+    .venv/bin/python benchmarks/bench_vit.py --out benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import (  # noqa: E402  (shared helpers of the benchmark scripts)
+    _background_cores,
+    _kernel_used,
+    _release_free_memory,
+    _reset_peak_rss,
+    _rss_bytes,
+    run_peak,
+    wait_for_quiet,
+    write_section,
+)
+
+SECTION = "## ViT training and inference (benchmarks/bench_vit.py)"
+IMPLS = ("vitscope", "hf-sdpa", "hf-eager", "vit-pytorch", "tutorial")
+LABELS = {"vitscope": "vitscope", "hf-sdpa": "transformers (sdpa)", "hf-eager": "transformers (eager)",
+          "vit-pytorch": "vit-pytorch", "tutorial": "tutorial"}
+DTYPES = ("float32", "bfloat16")
+MODES = ("train", "infer")
+
+# --no-deps: vit-pytorch declares torchvision, which pip would fetch built for another torch (it fails to load
+# against this CPU build); its vit.py needs only torch and einops. The version is pinned in constraints.txt.
+VIT_PYTORCH_INSTALL = ".venv/bin/pip install --no-deps -c constraints.txt vit-pytorch"
+
+# Each shape is a vitscope preset plus overrides; `plain` shapes (CLS token, learned positions, qkv
+# bias, Linear patch embedding) are built in every implementation from the same numbers.
+SHAPES: dict[str, dict] = {
+    "fmnist_plain": dict(preset="vit_tiny_patch4_28", overrides={"mlp_ratio": 4.0}, plain=True,
+                         batch={"train": 256, "infer": 256}, quick_batch={"train": 32, "infer": 64},
+                         title="Fashion-MNIST plain ViT (28×28×1, patch 4, width 128, depth 6, heads 4, MLP 512)"),
+    "vit_s16": dict(preset="vit_small_patch16_224", overrides={}, plain=True,
+                    batch={"train": 32, "infer": 64}, quick_batch={"train": 2, "infer": 4},
+                    title="ViT-S/16 (224×224×3, patch 16, width 384, depth 12, heads 6, MLP 1536, 1000 classes)"),
+    "fmnist_quick": dict(preset="vit_fmnist_quick", overrides={}, plain=False,
+                         batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
+                         title="vitscope preset `vit_fmnist_quick` (conv stem, sin-cos positions, avg pool)"),
+    "fmnist_best": dict(preset="vit_fmnist_best", overrides={}, plain=False,
+                        batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
+                        title="vitscope preset `vit_fmnist_best` (conv stem, width 192, depth 8, drop-path 0.1)"),
+}
+# torch.compile takes 15-40 s per case on 2 cores: by default only the baseline shape's training gets it.
+COMPILE_SHAPES = ("fmnist_plain",)
+COMPILE_MODES = ("train",)
+
+
+def shape_config(name: str):
+    from vitscope.models import get_config
+
+    s = SHAPES[name]
+    return get_config(s["preset"], **s["overrides"])
+
+
+def forward_flops(cfg) -> int:
+    """Matmul and conv FLOPs of one image's forward pass (2 per multiply-add); training is 3x this."""
+    img = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
+    flops, size, chans = 0, img, cfg.in_chans
+    for out, stride in cfg.stem:  # 3x3 convs, padding 1
+        size //= stride
+        flops += 2 * size * size * out * chans * 9
+        chans = out
+    grid = img // cfg.patch_size
+    k = cfg.patch_size * size // img  # the patch conv's kernel on the stem's map
+    d, t, hidden = cfg.embed_dim, grid * grid + (1 if cfg.class_token else 0), int(cfg.embed_dim * cfg.mlp_ratio)
+    flops += 2 * grid * grid * d * chans * k * k
+    per_block = 2 * t * d * 3 * d + 2 * 2 * t * t * d + 2 * t * d * d + 2 * 2 * t * d * hidden
+    return flops + cfg.depth * per_block + 2 * d * cfg.num_classes
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker: one case in a fresh process.
+
+
+def load_vit_pytorch():
+    """vit_pytorch.vit.ViT, loaded from its file: the package's __init__ imports torchvision (via
+    its DINO module), which this project does not install; vit.py itself needs only torch and einops."""
+    spec = importlib.util.find_spec("vit_pytorch")  # finds the package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"vit-pytorch is not installed: {VIT_PYTORCH_INSTALL}")
+    path = Path(spec.submodule_search_locations[0]) / "vit.py"
+    module_spec = importlib.util.spec_from_file_location("_vit_pytorch_vit", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.ViT
+
+
+def build_model(impl: str, shape: str):
+    """The model for (impl, shape) in float32, with the same width, depth, heads and MLP width."""
+    import torch
+
+    cfg = shape_config(shape)
+    if impl == "vitscope":
+        from vitscope.models import create_model
+
+        s = SHAPES[shape]
+        return create_model(s["preset"], **s["overrides"])
+    img, p, c, d = cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim
+    hidden = int(d * cfg.mlp_ratio)
+    if impl in ("hf-sdpa", "hf-eager"):
+        from transformers import ViTConfig, ViTForImageClassification
+
+        hf_cfg = ViTConfig(hidden_size=d, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
+                           intermediate_size=hidden, image_size=img, patch_size=p, num_channels=c,
+                           num_labels=cfg.num_classes, layer_norm_eps=cfg.norm_eps, qkv_bias=cfg.qkv_bias,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model = ViTForImageClassification._from_config(hf_cfg, attn_implementation=impl.removeprefix("hf-"))
+        if model.config._attn_implementation != impl.removeprefix("hf-"):
+            raise RuntimeError(f"transformers chose attention {model.config._attn_implementation!r}")
+
+        class Logits(torch.nn.Module):  # the same call signature as the others: images -> logits
+            def __init__(self, hf):
+                super().__init__()
+                self.hf = hf
+
+            def forward(self, x):
+                return self.hf(pixel_values=x).logits
+
+        return Logits(model)
+    if impl == "vit-pytorch":
+        ViT = load_vit_pytorch()
+        return ViT(image_size=img, patch_size=p, num_classes=cfg.num_classes, dim=d, depth=cfg.depth,
+                   heads=cfg.num_heads, mlp_dim=hidden, channels=c, dim_head=d // cfg.num_heads,
+                   dropout=0.0, emb_dropout=0.0)
+    if impl == "tutorial":
+        import _tutorial_vit
+
+        return _tutorial_vit.VisionTransformer(
+            embed_dim=d, hidden_dim=hidden, num_channels=c, num_heads=cfg.num_heads, num_layers=cfg.depth,
+            num_classes=cfg.num_classes, patch_size=p, num_patches=(img // p) ** 2, dropout=0.0)
+    raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLS)}")
+
+
+def _make_step(net, opt, x, y, train: bool, bf16: bool):
+    import torch
+    import torch.nn.functional as F
+
+    if train:
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        def step():
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                net(x)
+    return step
+
+
+def run_case(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    train, bf16 = spec["mode"] == "train", spec["dtype"] == "bfloat16"
+    torch.manual_seed(0)
+    model = build_model(spec["impl"], spec["shape"])
+    params = sum(p.numel() for p in model.parameters())
+    cfg = shape_config(spec["shape"])
+    img = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
+    x = torch.randn(spec["batch"], cfg.in_chans, img, img)
+    y = torch.randint(0, cfg.num_classes, (spec["batch"],))
+    model.train(train)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
+
+    def tiny_forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            model(x[:2])
+
+    path = {"fused": "sdpa", "explicit": "explicit"}[_kernel_used(tiny_forward, train)]  # observed
+    net = torch.compile(model) if spec["compile"] else model
+    step = _make_step(net, opt, x, y, train, bf16)
+    base = {**spec, "params": params, "path": path}
+
+    t0 = time.perf_counter()
+    try:
+        step()  # compiles, when compiling
+    except Exception as e:  # noqa: BLE001  (any failure becomes a row saying why)
+        what = "compile failed" if spec["compile"] else "failed"
+        reason = (str(e).strip().splitlines() or [""])[0]
+        return {**base, "error": f"{what}: {type(e).__name__}: {reason}"[:160]}
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(spec["warmup"]):  # stop early once warm-up has taken warmup_s (ViT-S steps take seconds)
+        if i and spec["warmup_s"] and time.perf_counter() - t0 > spec["warmup_s"]:
+            break
+        step()
+
+    gc.collect()
+    _release_free_memory()
+    rss_before = _rss_bytes("VmRSS")
+    reset = _reset_peak_rss()
+    times: list[float] = []
+
+    def timed():
+        t1 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t1)
+        repeats = spec["steps"] or max(3, min(15, round(spec["target_s"] / max(times[0], 1e-6))))
+        for _ in range(repeats - 1):
+            t1 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t1)
+
+    _, background = _background_cores(timed)
+    if reset:
+        step_peak = _rss_bytes("VmHWM") - rss_before
+    else:  # cannot reset the high-water mark: whole-process peak, an upper bound
+        step_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+    process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {**base, "first_s": first, "times_s": times, "background_cores": background,
+            "step_peak_bytes": max(step_peak, 0), "process_peak_bytes": process_peak}
+
+
+def worker(spec: dict) -> None:
+    # Guard the shared machine: a case that outgrows its budget fails here instead of waking the
+    # kernel's OOM killer, which might pick someone else's process.
+    limit = int(spec.get("address_space_gb", 0) * 2**30)
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    result = run_peak(spec) if spec["kind"] == "peak" else run_case(spec)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Driver: spawn the cases, collect, print the tables.
+
+
+def spawn(spec: dict, timeout_s: float = 1200, quiet_wait_s: float = 0.0) -> dict:
+    if quiet_wait_s:
+        wait_for_quiet(quiet_wait_s)
+    env = dict(os.environ)
+    cache = None
+    if spec.get("compile"):  # a cold compile, as a user's first run sees it: no inductor cache from earlier cases
+        cache = tempfile.mkdtemp(prefix="bench_vit_inductor_")
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {**spec, "error": f"timed out after {timeout_s:.0f} s"}
+    finally:
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    return {**spec, "error": last[:160]}
+
+
+def images_per_s(r: dict) -> float | None:
+    return r["batch"] / statistics.median(r["times_s"]) if "times_s" in r else None
+
+
+def setting(r: dict) -> str:
+    return ("bf16" if r["dtype"] == "bfloat16" else "fp32") + (", compiled" if r["compile"] else "")
+
+
+def shape_table(rows: list[dict], peaks: dict[str, float]) -> str:
+    """One shape's rows, grouped by mode, dtype and compile; vitscope first in each group."""
+    lines = [
+        "| mode | dtype | compile | implementation | attention | batch | images/s | vitscope ÷ this | IQR % "
+        "| bg cores | GFLOP/s | % of mm peak | first step s | step MiB | process MiB | params |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    order = {impl: i for i, impl in enumerate(IMPLS)}
+    rows = sorted(rows, key=lambda r: (MODES.index(r["mode"]), DTYPES.index(r["dtype"]), r["compile"],
+                                       order[r["impl"]]))
+    for r in rows:
+        head = (f"| {r['mode']} | {r['dtype']}{' autocast' if r['dtype'] == 'bfloat16' else ''} "
+                f"| {'yes' if r['compile'] else 'no'} | {LABELS[r['impl']]} ")
+        if "times_s" not in r:
+            params = f"{r['params']:,}" if "params" in r else ""
+            lines.append(head + f"| | {r['batch']} | {r.get('error', 'skipped')} | | | | | | | | | {params} |")
+            continue
+        ips = images_per_s(r)
+        ref = next((v for v in rows if v["impl"] == "vitscope" and "times_s" in v
+                    and all(v[k] == r[k] for k in ("mode", "dtype", "compile"))), None)
+        ratio = f"{images_per_s(ref) / ips:.2f}" if ref is not None else ""
+        t = statistics.median(r["times_s"])
+        q1, _, q3 = statistics.quantiles(r["times_s"], n=4) if len(r["times_s"]) > 1 else (t, t, t)
+        gflops = r["flops_per_image"] * (3 if r["mode"] == "train" else 1) * ips / 1e9
+        peak = peaks.get(r["dtype"])
+        lines.append(
+            head + f"| {r['path']} | {r['batch']} | {ips:,.0f} | {ratio} | {100 * (q3 - q1) / t:.0f} "
+            f"| {r['background_cores']:.1f} | {gflops:.0f} | {f'{100 * gflops / peak:.0f}' if peak else ''} "
+            f"| {r['first_s']:.1f} | {r['step_peak_bytes'] / 2**20:.0f} | {r['process_peak_bytes'] / 2**20:.0f} "
+            f"| {r['params']:,} |"
+        )
+    return "\n".join(lines)
+
+
+def _best(rows: list[dict], impls: tuple[str, ...], mode: str, compiled: bool) -> dict | None:
+    """The fastest row of these implementations in this mode, over dtypes ("the dtype each runs fastest in")."""
+    ok = [r for r in rows if r["impl"] in impls and r["mode"] == mode and r["compile"] == compiled
+          and "times_s" in r]
+    return max(ok, key=images_per_s) if ok else None
+
+
+def targets_table(results: list[dict]) -> str:
+    goals = [  # (mode, what vitscope is compared with, target)
+        ("train", ("hf-sdpa", "hf-eager", "vit-pytorch"), 1.5),
+        ("train", ("tutorial",), 3.0),
+        ("infer", ("hf-sdpa", "hf-eager"), 1.3),
+    ]
+    lines = ["| shape | mode | compile | vitscope images/s | against: best of | their images/s | ratio | target "
+             "| met |", "|---|---|---|---:|---|---:|---:|---:|---|"]
+    for shape in SHAPES:
+        rows = [r for r in results if r["shape"] == shape]
+        for compiled in (False, True):
+            for mode, others, target in goals:
+                ours, theirs = _best(rows, ("vitscope",), mode, compiled), _best(rows, others, mode, compiled)
+                if ours is None or theirs is None:
+                    continue
+                ratio = images_per_s(ours) / images_per_s(theirs)
+                names = " / ".join(LABELS[i] for i in others)
+                lines.append(
+                    f"| {shape} | {mode} | {'yes' if compiled else 'no'} "
+                    f"| {images_per_s(ours):,.0f} ({setting(ours)}) | {names} "
+                    f"| {images_per_s(theirs):,.0f} ({LABELS[theirs['impl']]}, {setting(theirs)}) "
+                    f"| {ratio:.2f} | ≥ {target} | {'yes' if ratio >= target else '**no**'} |")
+    return "\n".join(lines)
+
+
+def check_parameter_counts(shapes: list[str], impls: list[str]) -> None:
+    """vitscope and transformers must build exactly the same model for a plain shape, or the comparison is
+    unfair: count both (on the meta device, so nothing is allocated) before spending minutes on timing."""
+    import torch
+
+    for shape in shapes:
+        if not SHAPES[shape]["plain"] or "vitscope" not in impls:
+            continue
+        counts = {}
+        for impl in [i for i in impls if i == "vitscope" or i.startswith("hf-")]:
+            with torch.device("meta"):
+                counts[impl] = sum(p.numel() for p in build_model(impl, shape).parameters())
+        for impl, n in counts.items():
+            if n != counts["vitscope"]:
+                sys.exit(f"{shape}: vitscope has {counts['vitscope']:,} parameters but {LABELS[impl]} has {n:,}; "
+                         "the models differ, so the comparison would be unfair. Fix build_model in bench_vit.py.")
+
+
+def _batches(values: list[str] | None, mode: str, quick: bool) -> dict[str, int]:
+    """Per-shape batch sizes: the defaults, then `N` (every shape) or `shape=N` from the command line."""
+    found = {name: s["quick_batch" if quick else "batch"][mode] for name, s in SHAPES.items()}
+    for v in values or []:
+        name, _, n = v.rpartition("=")
+        if name and name not in SHAPES:
+            sys.exit(f"--{mode}-batch {v}: unknown shape {name!r}; shapes are {', '.join(SHAPES)}")
+        if not n.isdigit() or int(n) < 1:
+            sys.exit(f"--{mode}-batch {v}: expected a positive integer, as N or SHAPE=N")
+        for key in [name] if name else found:
+            found[key] = int(n)
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: small batches, 1 warm-up and 3 timed steps, no compile unless --compile")
+    parser.add_argument("--out", type=Path,
+                        help="also write the markdown to this file (replacing only this script's section)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--cases", nargs="+", choices=list(SHAPES), default=list(SHAPES), metavar="SHAPE",
+                        help=f"shapes to run (default all: {', '.join(SHAPES)})")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), metavar="IMPL",
+                        help=f"implementations (default all: {', '.join(IMPLS)}); presets run vitscope only")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="also run every case under torch.compile (default: on, off with --quick)")
+    parser.add_argument("--compile-cases", nargs="+", choices=list(SHAPES), default=list(COMPILE_SHAPES),
+                        metavar="SHAPE", help=f"shapes that get compile rows (default: {', '.join(COMPILE_SHAPES)})")
+    parser.add_argument("--compile-modes", nargs="+", choices=MODES, default=list(COMPILE_MODES),
+                        help=f"modes that get compile rows (default: {', '.join(COMPILE_MODES)})")
+    parser.add_argument("--train-batch", nargs="+", metavar="[SHAPE=]N",
+                        help="training batch: N for every shape, or SHAPE=N (default: 256 fmnist_plain, "
+                             "32 vit_s16, 128 presets)")
+    parser.add_argument("--infer-batch", nargs="+", metavar="[SHAPE=]N",
+                        help="inference batch, the same way (default: 256 fmnist_plain, 64 vit_s16, 128 presets)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="warm-up steps after the first (default: 2, or 1 when a step takes over 3 s; "
+                             "1 with --quick)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps (default: enough to fill ~4 s, 3 to 15; 3 with --quick)")
+    parser.add_argument("--quiet-wait", type=float, default=None,
+                        help="before each case wait up to this many seconds for other load to drop "
+                             "(default 3; 0 with --quick)")
+    parser.add_argument("--max-gb", type=float, default=20.0,
+                        help="address-space limit of each case's process in GiB (default 20)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+
+    import torch
+
+    from _machine import machine_header
+
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    compile_on = (not args.quick) if args.compile is None else args.compile
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    warmup_s = 3.0 if args.warmup is None else 0.0  # 0: exactly --warmup steps
+    steps = args.steps if args.steps is not None else (3 if args.quick else 0)  # 0: fill target_s
+    quiet = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 3.0)
+    batches = {mode: _batches(getattr(args, f"{mode}_batch"), mode, args.quick) for mode in MODES}
+    impls = list(args.impls)
+    if "vit-pytorch" in impls and importlib.util.find_spec("vit_pytorch") is None:
+        print(f"note: vit-pytorch is not installed, so its rows are skipped; to add them: {VIT_PYTORCH_INSTALL}",
+              file=sys.stderr)
+        impls.remove("vit-pytorch")
+
+    command = "python benchmarks/bench_vit.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = [SECTION, "", f"Command: `{command.strip()}`", "", machine_header({"torch_threads": threads}), ""]
+    print("\n".join(out), flush=True)
+
+    check_parameter_counts(args.cases, impls)
+    peak_spec = {"kind": "peak", "threads": threads, "sizes": [1024] if args.quick else [2048, 4096],
+                 "repeats": 3 if args.quick else 6}
+
+    def measure_peaks() -> dict[str, dict]:
+        found = {}
+        for dtype in DTYPES:
+            r = spawn({**peak_spec, "dtype": dtype})
+            if "error" in r:
+                sys.exit(f"measuring the {dtype} matmul peak failed: {r['error']}")
+            found[dtype] = r
+        return found
+
+    # Measured before and after the cases (--quick: before only); the better counts, as background load
+    # only lowers it.
+    peaks_before = measure_peaks()
+
+    specs = []
+    for shape in args.cases:
+        cfg = shape_config(shape)
+        for mode in args.modes:
+            for dtype in args.dtypes:
+                with_compile = compile_on and shape in args.compile_cases and mode in args.compile_modes
+                for compiled in (False, True) if with_compile else (False,):
+                    for impl in impls if SHAPES[shape]["plain"] else ["vitscope"]:
+                        if impl not in impls:
+                            continue
+                        specs.append({"kind": "case", "shape": shape, "impl": impl, "mode": mode, "dtype": dtype,
+                                      "compile": compiled, "batch": batches[mode][shape], "threads": threads,
+                                      "warmup": warmup, "warmup_s": warmup_s, "steps": steps, "target_s": 4.0,
+                                      "flops_per_image": forward_flops(cfg), "address_space_gb": args.max_gb})
+    results = []
+    start = time.monotonic()
+    for i, spec in enumerate(specs):
+        r = spawn(spec, quiet_wait_s=quiet)
+        results.append(r)
+        ips = images_per_s(r)
+        took = f"{ips:,.0f} images/s (first step {r['first_s']:.1f} s)" if ips else r["error"]
+        print(f"  [{i + 1}/{len(specs)} {time.monotonic() - start:.0f} s] {spec['shape']} {spec['mode']} "
+              f"{spec['dtype']} {'compiled ' if spec['compile'] else ''}{spec['impl']}: {took}",
+              file=sys.stderr, flush=True)
+
+    peaks_after = peaks_before if args.quick else measure_peaks()
+    peaks = {d: max(peaks_before[d]["gflops"], peaks_after[d]["gflops"]) for d in DTYPES}
+
+    block = []
+    for dtype in DTYPES:
+        per_size = "; ".join(
+            f"{when}: " + ", ".join(f"{s}² {g:.0f}" for s, g in r["per_size"].items())
+            for when, r in (("before", peaks_before[dtype]), ("after", peaks_after[dtype]))[:1 if args.quick else 2])
+        block.append(f"- torch.mm peak, {dtype}: **{peaks[dtype]:.0f} GFLOP/s** (best call per size, {per_size})")
+    block.append("- load average (1, 5, 15 min) at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    block.append(f"- wall time of the cases: {(time.monotonic() - start) / 60:.1f} min")
+    block.append("")
+    for shape in args.cases:
+        rows = [r for r in results if r["shape"] == shape]
+        if not rows:
+            continue
+        ran = [m for m in MODES if any(r["mode"] == m for r in rows)]
+        batch = ", ".join(f"batch {batches[m][shape]} {'training' if m == 'train' else 'inference'}" for m in ran)
+        block += [f"### {SHAPES[shape]['title']}, {batch}", "", shape_table(rows, peaks), ""]
+    block += ["### Issue 5's targets", "",
+              "vitscope's best images/s over float32 and bfloat16 against the best of the others, each in the "
+              "dtype it runs fastest in; eager and compiled compared separately.", "",
+              targets_table(results), ""]
+    ours = [r for r in results if r["impl"] == "vitscope" and r["shape"] == "fmnist_plain" and r["mode"] == "train"
+            and "times_s" in r]
+    for r in ours:
+        gflops = r["flops_per_image"] * 3 * images_per_s(r) / 1e9
+        block.append(f"- vitscope training step, fmnist_plain, {setting(r)}: {gflops:.0f} GFLOP/s of model FLOPs, "
+                     f"{100 * gflops / peaks[r['dtype']]:.0f}% of this machine's {r['dtype']} torch.mm peak")
+    block += ["", NOTES, ""]
+    print("\n".join(block), flush=True)
+    out += block
+    if args.out:
+        write_section(args.out, "\n".join(out))
+        print(f"wrote {args.out}", file=sys.stderr)
+
+
+NOTES = (
+    "images/s: batch ÷ median step time. vitscope ÷ this: vitscope's images/s over this row's, same mode, dtype "
+    "and compile (above 1: vitscope is faster). A training step is forward, cross-entropy, backward, "
+    "`AdamW.step()` and `zero_grad(set_to_none=True)`; inference is a forward in `torch.inference_mode()`. "
+    "bfloat16 rows run under `torch.autocast('cpu', dtype=torch.bfloat16)` with float32 weights. Dropout is 0.0 "
+    "everywhere (the tutorial's included) so all implementations do the same work; the `fmnist_best` preset keeps "
+    "its drop-path 0.1. attention: the kernel observed on a tiny forward (`sdpa` when "
+    "F.scaled_dot_product_attention was called, else `explicit`). GFLOP/s: model FLOPs (matmuls and convs, "
+    "2 per multiply-add; ×3 for a training step) per second; % of mm peak against this machine's torch.mm peak "
+    "in the row's dtype. first step s: the first step alone; for compiled rows that is the (cold-cache) compile "
+    "time, kept out of images/s. step MiB: growth of the resident set during the timed steps above what stays "
+    "allocated between steps (model, optimizer state); process MiB: the worker's peak resident set, torch and "
+    "compilation included. IQR %: interquartile range of the step times over their median; bg cores: CPU cores "
+    "other processes kept busy meanwhile (above ~0.3 the row was disturbed). vit-pytorch builds the same width, "
+    "depth, heads and MLP but adds LayerNorms on the patches and has no qkv bias, so its parameter count differs."
+)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""benchmarks/bench_vit.py end to end on tiny settings: it runs, measures and writes its own section.
+
+A smoke test of the script, not a timing: the numbers are not checked, only that every piece works.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_vit.py"
+SECTION = "## ViT training and inference (benchmarks/bench_vit.py)"
+
+
+def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
+    out = tmp_path / "RESULTS.md"
+    out.write_text("## Attention (benchmarks/bench_attention.py)\n\nkept\n\n" + SECTION + "\n\nSTALE-ROW\n")
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--threads", "1", "--cases", "fmnist_plain",
+           "--impls", "vitscope", "tutorial", "--dtypes", "float32", "--modes", "train",
+           "--train-batch", "4", "--warmup", "0", "--steps", "2", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    assert "kept" in text and "STALE-ROW" not in text and text.count(SECTION) == 1
+    rows = [line for line in text.splitlines() if line.startswith("| train | float32 | no |")]
+    assert [row.split(" | ")[3] for row in rows] == ["vitscope", "tutorial"], rows
+    assert all("1,199,882" in row for row in rows)  # the same shape in every implementation
+    assert "| fmnist_plain | train | no |" in text  # the issue's targets table
