@@ -226,7 +226,10 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
     ema = copy.deepcopy(model).eval() if cfg.ema_decay else None
     for p in ema.parameters() if ema else []:
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    # The fused kernel does the whole update in one pass per tensor: the per-parameter loop it
+    # replaces costs ~3% of a small model's step on CPU (torch's default uses foreach on CUDA only).
+    opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=cfg.betas,
+                            fused=device.type in ("cpu", "cuda"))
 
     steps_per_epoch = len(train_set) // cfg.batch_size
     if steps_per_epoch == 0:
