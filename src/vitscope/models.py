@@ -90,12 +90,14 @@ def vit_tiny_patch7_28() -> ViTConfig:
 def vit_fmnist_quick() -> ViTConfig:
     """The README's default: a small hybrid ViT for 28 x 28 grayscale (see recipes.fmnist_quick).
 
-    Two 3x3 convs (the second with stride 2) make a 14 x 14 map; 2 x 2 patches of it give 7 x 7 = 49
-    tokens of width 128 through 4 blocks; 2-D sin-cos positions and average pooling.
+    Three 3x3 convs (32, 64, 128 channels; the last two with stride 2) turn the image into a 7 x 7 map
+    whose cells are the 49 tokens (patch 4 over a stride-4 stem: a 1 x 1 projection), width 128, through
+    3 blocks; 2-D sin-cos positions and average pooling. Fewer blocks and a richer stem than a plain
+    ViT: the stem costs about a fifth of the FLOPs and makes each token worth more.
     """
-    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4,
-                     num_heads=4, mlp_ratio=2.0, stem=[(16, 1), (32, 2)], class_token=False, global_pool="avg",
-                     pos_embed="sincos2d")
+    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=3,
+                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (128, 2)], class_token=False,
+                     global_pool="avg", pos_embed="sincos2d")
 
 
 @register
