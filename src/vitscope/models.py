@@ -102,8 +102,8 @@ def vit_fmnist_quick() -> ViTConfig:
 
 @register
 def vit_fmnist_best() -> ViTConfig:
-    """The accuracy preset for 28 x 28 grayscale (see recipes.fmnist_best): a two-conv stem to a
-    14 x 14 map, 2 x 2 patches on it (7 x 7 = 49 tokens), width 192, 8 layers."""
-    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=192, depth=8,
-                     num_heads=6, mlp_ratio=2.0, stem=[(32, 1), (64, 2)], class_token=False,
-                     global_pool="avg", pos_embed="sincos2d", drop_path_rate=0.1)
+    """The accuracy preset for 28 x 28 grayscale (see recipes.fmnist_best): the quick preset's
+    three-conv stem to 7 x 7 = 49 tokens, width 128, with 4 blocks instead of 3."""
+    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4,
+                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (128, 2)], class_token=False,
+                     global_pool="avg", pos_embed="sincos2d")
