@@ -71,7 +71,8 @@ SHAPES: dict[str, dict] = {
                     title="ViT-S/16 (224×224×3, patch 16, width 384, depth 12, heads 6, MLP 1536, 1000 classes)"),
     "fmnist_quick": dict(preset="vit_fmnist_quick", overrides={}, plain=False,
                          batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
-                         title="vitscope preset `vit_fmnist_quick` (three-conv stem to 7×7 tokens, width 128, depth 3)"),
+                         title="vitscope preset `vit_fmnist_quick` "
+                               "(three-conv stem to 7×7 tokens, width 128, depth 3)"),
     "fmnist_best": dict(preset="vit_fmnist_best", overrides={}, plain=False,
                         batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
                         title="vitscope preset `vit_fmnist_best` (three-conv stem to 7×7 tokens, width 128, depth 4)"),
@@ -542,7 +543,8 @@ NOTES = (
     "(vitscope: `fused=True`, as `vitscope.train` does; the others: torch's default); inference is a forward in "
     "`torch.inference_mode()`. "
     "bfloat16 rows run under `torch.autocast('cpu', dtype=torch.bfloat16)` with float32 weights. Dropout is 0.0 "
-    "everywhere (the tutorial's included) so all implementations do the same work. attention: the kernel observed on a tiny forward (`sdpa` when "
+    "everywhere (the tutorial's included) so all implementations do the same work. attention: the kernel "
+    "observed on a tiny forward (`sdpa` when "
     "F.scaled_dot_product_attention was called, else `explicit`). GFLOP/s: model FLOPs (matmuls and convs, "
     "2 per multiply-add; ×3 for a training step) per second; % of mm peak against this machine's torch.mm peak "
     "in the row's dtype. first step s: the first step alone; for compiled rows that is the (cold-cache) compile "
