@@ -72,7 +72,7 @@ SHAPES: dict[str, dict] = {
     "fmnist_quick": dict(preset="vit_fmnist_quick", overrides={}, plain=False,
                          batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
                          title="vitscope preset `vit_fmnist_quick` "
-                               "(three-conv stem to 7×7 tokens, width 128, depth 3)"),
+                               "(five-conv stem to 7×7 tokens, width 128, depth 2)"),
     "fmnist_best": dict(preset="vit_fmnist_best", overrides={}, plain=False,
                         batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
                         title="vitscope preset `vit_fmnist_best` (three-conv stem to 7×7 tokens, width 128, depth 4)"),

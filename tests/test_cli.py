@@ -130,3 +130,15 @@ def test_debug_shows_the_traceback():
     r = subprocess.run([sys.executable, "-m", "vitscope", "--debug", "eval", "/no/such/run"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_tuple_fields_take_space_separated_numbers_and_show_in_help(capsys):
+    from vitscope.cli import build_parser, build_train_config
+
+    args = build_parser().parse_args(["train", "--betas", "0.9", "0.98", "--aug-rrc-scale", "0.5", "1.0"])
+    cfg = build_train_config(args)
+    assert cfg.betas == (0.9, 0.98)
+    assert cfg.augment.rrc_scale == (0.5, 1.0)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--betas 0.9 0.999" in " ".join(capsys.readouterr().out.split())

@@ -71,6 +71,16 @@ def _none_or(kind):
     return parse
 
 
+def _field_default(f: dataclasses.Field):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _numbers_help(flag: str, default) -> str:
+    if default is None:
+        return "numbers separated by spaces (default: chosen from the data)"
+    return f"numbers separated by spaces (default: {flag} {' '.join(str(v) for v in default)})"
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", dest_prefix: str = "") -> None:
     """One flag per dataclass field (`--lr`, `--aug-policy`, ...), defaulting to 'not given'."""
     hints = typing.get_type_hints(cls)
@@ -81,7 +91,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
         if kind is None:
             continue
         if kind == "tuple":
-            parser.add_argument(flag, dest=dest, type=float, nargs="+", default=None, help=argparse.SUPPRESS)
+            parser.add_argument(flag, dest=dest, type=float, nargs="+", default=None, metavar="X",
+                                help=_numbers_help(flag, _field_default(f)))
         elif kind is bool:
             parser.add_argument(flag, dest=dest, type=_bool, default=None, metavar="{true,false}")
         else:

