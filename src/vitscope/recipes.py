@@ -42,7 +42,7 @@ def fmnist_quick() -> TrainConfig:
     tokens and 2 blocks (see models.vit_fmnist_quick): nine epochs of it reached 92.61% in 10.4 min
     on a slow spell of the host, so the preset runs eight. In so few epochs regularising costs more
     than it gives, so it gets flips only: random crops cost 2.5 points at two epochs, and random
-    erasing lost 0.4 points at ten.
+    erasing cost 0.3 points at ten (91.32% against 91.65%, previous model).
     """
     return TrainConfig(model="vit_fmnist_quick", epochs=8, batch_size=128, lr=1.5e-3, weight_decay=0.05,
                        warmup_epochs=0.3, label_smoothing=0.1,
