@@ -44,6 +44,9 @@ def test_eval_prints_accuracy_and_writes_confusion(run_dir, tmp_path, capsys):
     assert abs(out["accuracy"] - summary["best_test_acc"]) < 1e-9  # best.safetensors is what eval loads
     assert np.array(out["confusion"]).sum() == 359
     assert (tmp_path / "confusion.png").is_file()
+    assert main(["eval", str(run_dir), "--json", "--flip"]) == 0
+    flipped = json.loads(capsys.readouterr().out)
+    assert flipped["flip"] is True and flipped["n"] == 359 and flipped["loss"] != out["loss"]
 
 
 def test_predict_table_and_json(run_dir, tmp_path, capsys):

@@ -158,3 +158,22 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     import json
 
     assert abs(json.loads(summary[0])["test_acc"] - one.test_acc) < 0.01
+
+
+def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():
+    from vitscope.data import load_dataset
+    from vitscope.train import evaluate
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", in_chans=1, **TINY).eval()
+    data = load_dataset("digits", "test")
+    mean, std = (0.5,), (0.25,)
+    res = evaluate(model, data, mean, std, batch_size=100, flip=True)
+    with torch.no_grad():
+        x = (data.images.float() / 255 - 0.5) / 0.25
+        logits = (model(x) + model(x.flip(-1))) / 2
+    y = data.labels
+    assert res["acc"] == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+    assert res["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-5)
+    plain = evaluate(model, data, mean, std, batch_size=100)
+    assert plain["loss"] != pytest.approx(res["loss"], rel=1e-5)  # the mirror images did count

@@ -195,6 +195,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--data-dir", help="where the dataset's files are")
     p.add_argument("--split", default="test")
     p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--flip", action="store_true",
+                   help="test-time augmentation: average the logits of each image and its mirror image "
+                        "(runs trained with eval_flip, like the fmnist_best preset, report this accuracy)")
     p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run_eval)
@@ -214,10 +217,11 @@ def run_eval(args) -> int:
     data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None)
     _check_images_fit(model, data.images)
     res = evaluate(model, data, info["mean"], info["std"], batch_size=args.batch_size,
-                   device=torch.device("cpu"))
+                   device=torch.device("cpu"), flip=args.flip)
     conf = res["confusion"]
     per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
-    out = {"checkpoint": info["checkpoint"], "dataset": name, "split": args.split, "n": int(conf.sum()),
+    out = {"checkpoint": info["checkpoint"], "dataset": name, "split": args.split, "flip": args.flip,
+           "n": int(conf.sum()),
            "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
            "confusion": conf.tolist()}
     if args.out:

@@ -60,6 +60,7 @@ class TrainConfig:
     amp: Literal["auto", "bf16", "fp32"] = "auto"
     compile: bool = False
     ema_decay: float | None = None
+    eval_flip: bool = False  # evaluate on each test image and its mirror image, logits averaged
     augment: TrainTransform = field(default_factory=TrainTransform)
     seed: int = 0
     device: str = "auto"
@@ -144,8 +145,11 @@ def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int = 1000, bf16: bool = False,
-             device: torch.device | None = None, info: D.DistInfo | None = None) -> dict:
-    """Loss, accuracy and confusion matrix over `data` (sharded over ranks, summed)."""
+             device: torch.device | None = None, info: D.DistInfo | None = None, flip: bool = False) -> dict:
+    """Loss, accuracy and confusion matrix over `data` (sharded over ranks, summed).
+
+    `flip`: test-time augmentation, the logits of each image and its mirror image averaged.
+    """
     device = device or torch.device("cpu")
     info = info or D.DistInfo()
     model.eval()
@@ -158,7 +162,10 @@ def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int
         x = eval_transform(data.images[b], mean, std).to(device)
         y = data.labels[b]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x).float().cpu()
+            logits = model(x).float()
+            if flip:
+                logits = (logits + model(x.flip(-1)).float()) / 2
+        logits = logits.cpu()
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         conf += torch.bincount(y * k + logits.argmax(1), minlength=k * k).view(k, k)
     D.all_reduce_sum(conf, info)
@@ -341,7 +348,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 save("last")
                 break
             ev = evaluate(ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size,
-                          bf16=bf16, device=device, info=info)
+                          bf16=bf16, device=device, info=info, flip=cfg.eval_flip)
             ev_step = step
             row = {"epoch": epoch + 1, "step": step, "lr": lr_at(step - 1, total, warmup, cfg),
                    "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1),
@@ -358,7 +365,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
     bar.close()
 
     final = ev if ev_step == step else evaluate(ema or model, eval_set, transform.mean, transform.std,
-                                                batch_size=cfg.eval_batch_size, bf16=bf16, device=device, info=info)
+                                                batch_size=cfg.eval_batch_size, bf16=bf16, device=device, info=info,
+                                                flip=cfg.eval_flip)
     result = TrainResult(run_dir, final["acc"], max(best_acc, final["acc"]), train_time,
                          seen / max(train_time, 1e-9) if seen else 0.0, stopped)
     if info.is_main and stopped == "finished" and step >= total:
