@@ -11,7 +11,7 @@ Training steps (forward, cross-entropy, backward, AdamW step, zero_grad) and inf
 
 Shapes: `fmnist_plain` (28x28x1, patch 4, width 128, depth 6, heads 4, MLP 512, batch 256) and
 `vit_s16` (ViT-S/16, 224x224x3, batch 32 training / 64 inference) in every implementation, and
-vitscope's Fashion-MNIST presets `fmnist_quick` and `fmnist_best` (conv stems; vitscope only).
+vitscope's Fashion-MNIST preset model `vit_fmnist_quick` (conv stem; vitscope only; both recipes train it).
 Each in float32 and in bfloat16 autocast, eager and under torch.compile. Every case runs in a
 fresh Python process, so its peak memory is its own.
 
@@ -73,9 +73,6 @@ SHAPES: dict[str, dict] = {
                          batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
                          title="vitscope preset `vit_fmnist_quick` "
                                "(five-conv stem to 7×7 tokens, width 128, depth 2)"),
-    "fmnist_best": dict(preset="vit_fmnist_best", overrides={}, plain=False,
-                        batch={"train": 128, "infer": 128}, quick_batch={"train": 32, "infer": 32},
-                        title="vitscope preset `vit_fmnist_best` (three-conv stem to 7×7 tokens, width 128, depth 4)"),
 }
 # torch.compile takes 15-40 s per case on 2 cores: by default only the baseline shape's training gets it.
 COMPILE_SHAPES = ("fmnist_plain",)

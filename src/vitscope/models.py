@@ -99,12 +99,3 @@ def vit_fmnist_quick() -> ViTConfig:
     return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=2,
                      num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (64, 1), (128, 2), (128, 1)],
                      class_token=False, global_pool="avg", pos_embed="sincos2d")
-
-
-@register
-def vit_fmnist_best() -> ViTConfig:
-    """The accuracy preset for 28 x 28 grayscale (see recipes.fmnist_best): three 3x3 convs (32, 64,
-    128 channels; the last two with stride 2) to 7 x 7 = 49 tokens, width 128, through 4 blocks."""
-    return ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=4,
-                     num_heads=4, mlp_ratio=2.0, stem=[(32, 1), (64, 2), (128, 2)], class_token=False,
-                     global_pool="avg", pos_embed="sincos2d")
