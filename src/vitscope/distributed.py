@@ -41,7 +41,13 @@ def setup(device: torch.device) -> DistInfo:
 
 
 def teardown(info: DistInfo) -> None:
+    """Leave the group together: rank 0 may still be drawing pictures while the others are done.
+
+    Without the barrier a finished rank tore its gloo context down and exited while rank 0 was
+    still busy, and now and then died of SIGABRT on the way out (seen once in CI).
+    """
     if info.enabled and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
