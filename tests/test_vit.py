@@ -246,3 +246,27 @@ def test_param_groups_put_norms_biases_and_tables_in_no_decay():
     assert decayed == {n for n in names.values() if n.endswith("weight") and "norm" not in n and
                        n != "blocks.0.ls1.gamma"}
     assert "patch_embed.proj.weight" in decayed and "blocks.1.mlp.fc2.weight" in decayed
+
+
+def test_conv_stem_runs_channels_last_and_gives_the_plain_layout_numbers(tmp_path):
+    import torch.nn.functional as F
+
+    from vitscope.checkpoints import load_model, save_model
+
+    model = _model(stem=[(8, 1), (16, 2), (16, 2)])
+    pe = model.patch_embed
+    cl = torch.channels_last
+    assert all(m.weight.is_contiguous(memory_format=cl) for m in pe.modules() if isinstance(m, torch.nn.Conv2d))
+    x = _images()
+    h = x  # the stem by hand, every tensor in the default (B, C, H, W) layout
+    for conv, bn in zip([m for m in pe.stem if isinstance(m, torch.nn.Conv2d)],
+                        [m for m in pe.stem if isinstance(m, torch.nn.BatchNorm2d)]):
+        h = F.conv2d(h, conv.weight.contiguous(), stride=conv.stride, padding=conv.padding)
+        h = F.gelu(F.batch_norm(h, bn.running_mean, bn.running_var, bn.weight, bn.bias, eps=bn.eps))
+    h = F.conv2d(h, pe.proj.weight.contiguous(), pe.proj.bias, stride=pe.proj.stride)
+    torch.testing.assert_close(pe(x), rearrange(h, "b d h w -> b (h w) d"), atol=1e-5, rtol=1e-5)
+    # a checkpoint round trip keeps both the numbers and the fast layout
+    save_model(model, tmp_path / "m.safetensors")
+    again = load_model(tmp_path / "m.safetensors").eval()
+    assert again.patch_embed.proj.weight.is_contiguous(memory_format=cl)
+    torch.testing.assert_close(again(x), model(x))

@@ -52,6 +52,11 @@ class PatchEmbed(nn.Module):
         k = patch_size // stride
         self.proj = nn.Conv2d(self.stem.out_chans if self.stem else in_chans, embed_dim, k, k)
         self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
+        if self.stem is not None:
+            # Channels-last weights and inputs: oneDNN (and cuDNN) run the stem's convs faster so, about
+            # 10% off the quick model's bfloat16 training step on CPU (benchmarks/RESULTS.md). Both must
+            # be channels-last; the input alone gained nothing. load_state_dict keeps this layout.
+            self.to(memory_format=torch.channels_last)
 
     def check(self, x: Tensor) -> tuple[int, int]:
         if x.ndim != 4:
@@ -69,7 +74,8 @@ class PatchEmbed(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         self.check(x)
         if self.stem is not None:
-            x = self.stem(x)
+            # (B, C, H, W) with (B, H, W, C) memory, like the weights; the flatten below is then a view
+            x = self.stem(x.contiguous(memory_format=torch.channels_last))
         return rearrange(self.proj(x), "b d h w -> b (h w) d")
 
 
