@@ -53,9 +53,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(self.stem.out_chans if self.stem else in_chans, embed_dim, k, k)
         self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
         if self.stem is not None:
-            # Channels-last weights and inputs: oneDNN (and cuDNN) run the stem's convs faster so, about
-            # 10% off the quick model's bfloat16 training step on CPU (benchmarks/RESULTS.md). Both must
-            # be channels-last; the input alone gained nothing. load_state_dict keeps this layout.
+            # Channels-last weights and inputs: oneDNN runs the stem's convs faster so, 7% off the quick
+            # model's bfloat16 training step on CPU (benchmarks/ab_stem_layout.py). Both must be
+            # channels-last; the input alone gained nothing. load_state_dict keeps this layout.
             self.to(memory_format=torch.channels_last)
 
     def check(self, x: Tensor) -> tuple[int, int]:
