@@ -21,7 +21,6 @@ from einops import rearrange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_header  # noqa: E402
-
 from vitscope.models import create_model, get_config  # noqa: E402
 from vitscope.vit import PatchEmbed  # noqa: E402
 
@@ -43,10 +42,10 @@ def make_step(model_name: str, channels_last: bool, batch: int):
     x = torch.randn(batch, pe.in_chans, *pe.img_size)
     y = torch.randint(0, get_config(model_name).num_classes, (batch,))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    forward = PatchEmbed.forward if channels_last else _default_layout_forward
+    if not channels_last:  # this model's patch embedding only
+        model.patch_embed.forward = _default_layout_forward.__get__(model.patch_embed)
 
     def step() -> None:
-        model.patch_embed.forward = forward.__get__(model.patch_embed)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
