@@ -41,14 +41,15 @@ def table(runs: list[dict]) -> str:
     groups: dict[str, list[dict]] = {}
     for r in runs:
         groups.setdefault(r["dir"].name.rsplit("-seed", 1)[0], []).append(r)
-    lines = ["| preset | model | params | epochs | seeds | test acc % (each) | mean | train min (each) | images/s |",
-             "|---|---|---:|---:|---:|---|---:|---|---:|"]
+    lines = ["| preset | model | params | epochs | seeds | test views | test acc % (each) | mean | train min (each) "
+             "| images/s |", "|---|---|---:|---:|---:|---:|---|---:|---|---:|"]
     for name, rs in groups.items():
         accs = [100 * r["summary"]["test_acc"] for r in rs]
         mins = [r["summary"]["train_time_s"] / 60 for r in rs]
         ips = statistics.mean(r["summary"]["images_per_s"] for r in rs)
         s = rs[0]["summary"]
-        lines.append(f"| {name} | {s['model']} | {s['parameters']:,} | {s['epochs']} | {len(rs)} | "
+        views = s.get("test_views", 2 if rs[0]["config"].get("eval_flip") else 1)  # older runs: no field
+        lines.append(f"| {name} | {s['model']} | {s['parameters']:,} | {s['epochs']} | {len(rs)} | {views} | "
                      f"{', '.join(f'{a:.2f}' for a in accs)} | {statistics.mean(accs):.2f} | "
                      f"{', '.join(f'{m:.1f}' for m in mins)} | {ips:.0f} |")
     return "\n".join(lines)

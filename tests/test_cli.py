@@ -47,6 +47,9 @@ def test_eval_prints_accuracy_and_writes_confusion(run_dir, tmp_path, capsys):
     assert main(["eval", str(run_dir), "--json", "--flip"]) == 0
     flipped = json.loads(capsys.readouterr().out)
     assert flipped["flip"] is True and flipped["n"] == 359 and flipped["loss"] != out["loss"]
+    assert main(["eval", str(run_dir), "--json", "--flip", "--shift", "1"]) == 0
+    ten = json.loads(capsys.readouterr().out)
+    assert ten["shift"] == 1 and ten["n"] == 359 and ten["loss"] not in (out["loss"], flipped["loss"])
 
 
 def test_predict_table_and_json(run_dir, tmp_path, capsys):
@@ -92,6 +95,8 @@ def test_models_and_data_list(capsys):
     (["train", "--set", "depth"], "--set takes FIELD=VALUE"),
     (["train", "--config", "/no/such.json"], "does not exist"),
     (["train", "--batch-size", "0"], "batch_size must be at least 1"),
+    (["train", "--final-eval-shift", "-1"], "final_eval_shift is a number of pixels"),
+    (["eval", "/no/such/run", "--shift", "-2"], "--shift is a number of pixels"),
     (["models", "nothing*"], "no preset matches"),
 ])
 def test_user_errors_are_one_line_with_exit_code_2(argv, expected, capsys):

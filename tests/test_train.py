@@ -68,6 +68,26 @@ def test_training_learns_and_writes_the_run(tmp_path):
     assert len(rows) == 8
 
 
+def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_path):
+    import json
+
+    from vitscope.checkpoints import load_model
+    from vitscope.data import load_dataset
+    from vitscope.train import evaluate
+
+    res = train(tiny_config(epochs=1, eval_flip=True, final_eval_shift=1), tmp_path, progress=False)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    last_epoch = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["test_views"] == 10 and summary["last_epoch_test_acc"] == last_epoch["test_acc"]
+    train_set, data = load_dataset("digits", "train"), load_dataset("digits", "test")
+    model = load_model(tmp_path / "last.safetensors")
+    want = evaluate(model, data, train_set.mean, train_set.std, flip=True, shift=1)
+    assert summary["test_acc"] == res.test_acc == pytest.approx(want["acc"])
+    two = evaluate(model, data, train_set.mean, train_set.std, flip=True)
+    assert two["acc"] == pytest.approx(last_epoch["test_acc"])
+    assert two["loss"] != pytest.approx(want["loss"], rel=1e-6)  # the shifted views did count
+
+
 def test_same_config_and_seed_give_the_same_numbers(tmp_path):
     a = train(tiny_config(epochs=1), tmp_path / "a", progress=False)
     b = train(tiny_config(epochs=1), tmp_path / "b", progress=False)
@@ -177,3 +197,13 @@ def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():
     assert res["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-5)
     plain = evaluate(model, data, mean, std, batch_size=100)
     assert plain["loss"] != pytest.approx(res["loss"], rel=1e-5)  # the mirror images did count
+
+    ten = evaluate(model, data, mean, std, batch_size=100, flip=True, shift=1)
+    with torch.no_grad():  # the ten views built with torch's own reflect padding
+        p = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+        h, w = x.shape[-2:]
+        moves = [(1, 0), (-1, 0), (0, 1), (0, -1)]
+        views = [x] + [p[..., 1 - dy : 1 - dy + h, 1 - dx : 1 - dx + w] for dx, dy in moves]
+        logits = torch.stack([model(v) for v in views] + [model(v.flip(-1)) for v in views]).mean(0)
+    assert ten["acc"] == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+    assert ten["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-5)

@@ -20,6 +20,8 @@ from vitscope.data.transforms import (
     random_erase,
     random_hflip,
     random_resized_crop,
+    shift,
+    tta_views,
 )
 
 MEAN, STD = (0.286,), (0.353,)
@@ -96,6 +98,29 @@ def test_crop_keeps_a_window_of_the_padded_image(batch, mode):
         assert hits, f"image {i} is not a window of its padded image"
         offsets.add(hits[0])
     assert len(offsets) > 3  # offsets vary per image
+
+
+@pytest.mark.parametrize("dx,dy", [(1, 0), (-1, 0), (0, 2), (0, -2), (3, -1)])
+def test_shift_is_a_window_of_the_reflect_padded_image(batch, dx, dy):
+    pad = 3
+    padded = F.pad(batch.float(), (pad,) * 4, mode="reflect")  # torch's own reflect padding
+    want = padded[..., pad - dy : pad - dy + 12, pad - dx : pad - dx + 12]
+    out = shift(batch, dx, dy)
+    assert out.dtype == torch.uint8 and torch.equal(out.float(), want)
+    assert torch.equal(out[..., max(dy, 0) : 12 + min(dy, 0), max(dx, 0) : 12 + min(dx, 0)],
+                       batch[..., max(-dy, 0) : 12 - max(dy, 0), max(-dx, 0) : 12 - max(dx, 0)])  # content moved
+    with pytest.raises(ValueError, match="smaller than the image side"):
+        shift(batch, 12, 0)
+
+
+def test_tta_views():
+    x = torch.arange(2 * 5 * 5, dtype=torch.float32).view(2, 1, 5, 5)
+    assert [len(list(tta_views(x, flip=f, shift_px=s))) for f in (False, True) for s in (0, 1)] == [1, 5, 2, 10]
+    views = list(tta_views(x, flip=True, shift_px=1))
+    assert torch.equal(views[0], x) and torch.equal(views[1], x.flip(-1))
+    assert torch.equal(views[2], shift(x, 1, 0)) and torch.equal(views[3], shift(x, 1, 0).flip(-1))
+    moved = {tuple(v.flatten().tolist()) for v in views[2::2]}
+    assert moved == {tuple(shift(x, dx, dy).flatten().tolist()) for dx, dy in [(1, 0), (-1, 0), (0, 1), (0, -1)]}
 
 
 def test_random_resized_crop(batch):

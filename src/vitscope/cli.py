@@ -198,6 +198,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--flip", action="store_true",
                    help="test-time augmentation: average the logits of each image and its mirror image "
                         "(runs trained with eval_flip, like the fmnist_best preset, report this accuracy)")
+    p.add_argument("--shift", type=int, default=0, metavar="PX",
+                   help="test-time augmentation: also average each image moved PX pixels left, right, up and "
+                        "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
     p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run_eval)
@@ -209,6 +212,8 @@ def run_eval(args) -> int:
     from vitscope.data import load_dataset
     from vitscope.train import evaluate
 
+    if args.shift < 0:
+        raise UsageError(f"--shift is a number of pixels, at least 0, got {args.shift}")
     model, info = load_for_inference(args.checkpoint)
     name = args.dataset or info["dataset"]
     if not name:
@@ -217,11 +222,11 @@ def run_eval(args) -> int:
     data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None)
     _check_images_fit(model, data.images)
     res = evaluate(model, data, info["mean"], info["std"], batch_size=args.batch_size,
-                   device=torch.device("cpu"), flip=args.flip)
+                   device=torch.device("cpu"), flip=args.flip, shift=args.shift)
     conf = res["confusion"]
     per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
     out = {"checkpoint": info["checkpoint"], "dataset": name, "split": args.split, "flip": args.flip,
-           "n": int(conf.sum()),
+           "shift": args.shift,           "n": int(conf.sum()),
            "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
            "confusion": conf.tolist()}
     if args.out:

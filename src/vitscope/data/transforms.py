@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,6 +46,29 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
 
 def eval_transform(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     return normalize(x, mean, std)
+
+
+def shift(x: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
+    """Move the picture dx pixels right and dy down (negative: left, up), the uncovered edge reflected.
+
+    (B, C, H, W) in, same out; the window a pad-|d| reflect crop at that offset would cut."""
+    h, w = x.shape[-2:]
+    if max(abs(dx), abs(dy)) >= min(h, w):
+        raise ValueError(f"a shift must be smaller than the image side, got ({dx}, {dy}) for {h}x{w}")
+    rows = _reflect(torch.arange(h) - dy, h).to(x.device)  # (H,): source row of every output row
+    cols = _reflect(torch.arange(w) - dx, w).to(x.device)  # (W,)
+    return x.index_select(-2, rows).index_select(-1, cols)
+
+
+def tta_views(x: torch.Tensor, *, flip: bool = False, shift_px: int = 0) -> Iterator[torch.Tensor]:
+    """The views test-time augmentation averages: the image; with `shift_px`, the image moved that far
+    left, right, up and down; with `flip`, the mirror image of each of those. 1, 2, 5 or 10 views."""
+    moves = [(0, 0)] + ([(shift_px, 0), (-shift_px, 0), (0, shift_px), (0, -shift_px)] if shift_px else [])
+    for dx, dy in moves:
+        v = shift(x, dx, dy) if (dx or dy) else x
+        yield v
+        if flip:
+            yield v.flip(-1)
 
 
 # -- geometry --------------------------------------------------------------------------------------
