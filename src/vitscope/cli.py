@@ -226,7 +226,7 @@ def run_eval(args) -> int:
     conf = res["confusion"]
     per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
     out = {"checkpoint": info["checkpoint"], "dataset": name, "split": args.split, "flip": args.flip,
-           "shift": args.shift,           "n": int(conf.sum()),
+           "shift": args.shift, "n": int(conf.sum()),
            "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
            "confusion": conf.tolist()}
     if args.out:
