@@ -162,6 +162,7 @@ def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int
     k = len(data.classes)
     conf = torch.zeros(k, k, dtype=torch.int64)
     loss_sum = torch.zeros(1, dtype=torch.float64)
+    views = []
     idx = torch.arange(info.rank, len(data), info.world_size)
     for s in range(0, len(idx), batch_size):
         b = idx[s : s + batch_size]
@@ -176,7 +177,8 @@ def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int
     D.all_reduce_sum(conf, info)
     D.all_reduce_sum(loss_sum, info)
     n = int(conf.sum())
-    return {"loss": float(loss_sum) / n, "acc": float(conf.diag().sum()) / n, "confusion": conf.numpy()}
+    return {"loss": float(loss_sum) / n, "acc": float(conf.diag().sum()) / n, "confusion": conf.numpy(),
+            "views": len(views)}
 
 
 class _Stopper:
@@ -399,7 +401,7 @@ def _finish(run_dir: Path, cfg: TrainConfig, model: nn.Module, result: TrainResu
         "per_class_acc": per_class, "train_time_s": round(result.train_time_s, 1),
         "images_per_s": round(result.images_per_s, 1), "parameters": model.num_params(),
         "epochs": cfg.epochs, "seed": cfg.seed,
-        "test_views": (1 + 4 * (cfg.final_eval_shift > 0)) * (1 + cfg.eval_flip),
+        "test_views": final["views"],
         "last_epoch_test_acc": next((r["test_acc"] for r in reversed(rows) if "test_acc" in r), None),
         "versions": {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
