@@ -248,12 +248,13 @@ def test_param_groups_put_norms_biases_and_tables_in_no_decay():
     assert "patch_embed.proj.weight" in decayed and "blocks.1.mlp.fc2.weight" in decayed
 
 
-def test_conv_stem_runs_channels_last_and_gives_the_plain_layout_numbers(tmp_path):
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+def test_conv_stem_runs_channels_last_and_gives_the_plain_layout_numbers(tmp_path, act):
     import torch.nn.functional as F
 
     from vitscope.checkpoints import load_model, save_model
 
-    model = _model(stem=[(8, 1), (16, 2), (16, 2)])
+    model = _model(stem=[(8, 1), (16, 2), (16, 2)], stem_act=act)
     pe = model.patch_embed
     cl = torch.channels_last
     assert all(m.weight.is_contiguous(memory_format=cl) for m in pe.modules() if isinstance(m, torch.nn.Conv2d))
@@ -262,11 +263,20 @@ def test_conv_stem_runs_channels_last_and_gives_the_plain_layout_numbers(tmp_pat
     for conv, bn in zip([m for m in pe.stem if isinstance(m, torch.nn.Conv2d)],
                         [m for m in pe.stem if isinstance(m, torch.nn.BatchNorm2d)]):
         h = F.conv2d(h, conv.weight.contiguous(), stride=conv.stride, padding=conv.padding)
-        h = F.gelu(F.batch_norm(h, bn.running_mean, bn.running_var, bn.weight, bn.bias, eps=bn.eps))
+        h = getattr(F, act)(F.batch_norm(h, bn.running_mean, bn.running_var, bn.weight, bn.bias, eps=bn.eps))
     h = F.conv2d(h, pe.proj.weight.contiguous(), pe.proj.bias, stride=pe.proj.stride)
     torch.testing.assert_close(pe(x), rearrange(h, "b d h w -> b (h w) d"), atol=1e-5, rtol=1e-5)
     # a checkpoint round trip keeps both the numbers and the fast layout
     save_model(model, tmp_path / "m.safetensors")
     again = load_model(tmp_path / "m.safetensors").eval()
     assert again.patch_embed.proj.weight.is_contiguous(memory_format=cl)
+    assert again.config.stem_act == act
     torch.testing.assert_close(again(x), model(x))
+
+
+def test_stem_activation_is_checked_and_older_configs_mean_gelu():
+    with pytest.raises(ValueError, match="stem_act must be one of"):
+        ViTConfig(stem=[(8, 2)], stem_act="tanh")
+    d = ViTConfig(stem=[(8, 2)]).to_dict()
+    del d["stem_act"]  # a checkpoint written before the field existed
+    assert ViTConfig.from_dict(d).stem_act == "gelu"

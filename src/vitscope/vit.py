@@ -22,13 +22,16 @@ def _pair(x) -> tuple[int, int]:
     return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
 
 
-class ConvStem(nn.Sequential):
-    """The hybrid input of the ViT paper, small: 3x3 conv -> BatchNorm -> GELU per (channels, stride)."""
+STEM_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
-    def __init__(self, in_chans: int, layers: list[tuple[int, int]]):
+
+class ConvStem(nn.Sequential):
+    """The hybrid input of the ViT paper, small: 3x3 conv -> BatchNorm -> activation per (channels, stride)."""
+
+    def __init__(self, in_chans: int, layers: list[tuple[int, int]], act: str = "gelu"):
         modules, c = [], in_chans
         for out, stride in layers:
-            modules += [nn.Conv2d(c, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out), nn.GELU()]
+            modules += [nn.Conv2d(c, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out), STEM_ACTS[act]()]
             c = out
         super().__init__(*modules)
         self.out_chans = c
@@ -42,10 +45,10 @@ class PatchEmbed(nn.Module):
     """
 
     def __init__(self, img_size, patch_size: int, in_chans: int, embed_dim: int,
-                 stem: list[tuple[int, int]] | None = None):
+                 stem: list[tuple[int, int]] | None = None, stem_act: str = "gelu"):
         super().__init__()
         self.img_size, self.patch_size, self.in_chans = _pair(img_size), int(patch_size), in_chans
-        self.stem = ConvStem(in_chans, stem) if stem else None
+        self.stem = ConvStem(in_chans, stem, stem_act) if stem else None
         stride = self.stem.stride if self.stem else 1
         if patch_size % stride:
             raise ValueError(f"patch_size {patch_size} is not a multiple of the stem's stride {stride}")
@@ -167,6 +170,7 @@ class ViTConfig:
     drop_path_rate: float = 0.0
     norm_eps: float = 1e-6
     stem: list[tuple[int, int]] = field(default_factory=list)  # conv stem: (channels, stride) per layer
+    stem_act: Literal["gelu", "relu"] = "gelu"  # the stem's activation
 
     def __post_init__(self):
         if self.global_pool not in ("token", "avg"):
@@ -181,6 +185,8 @@ class ViTConfig:
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"img_size {h}x{w} is not a multiple of patch_size {self.patch_size}")
         self.stem = [tuple(s) for s in self.stem]
+        if self.stem_act not in STEM_ACTS:
+            raise ValueError(f"stem_act must be one of {sorted(STEM_ACTS)}, got {self.stem_act!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -211,7 +217,7 @@ class VisionTransformer(nn.Module):
         self.num_classes = cfg.num_classes
         self.num_prefix_tokens = 1 if cfg.class_token else 0
         self.global_pool = cfg.global_pool
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, d, cfg.stem)
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, d, cfg.stem, cfg.stem_act)
         gh, gw = self.patch_embed.grid_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if cfg.class_token else None
         if cfg.pos_embed == "learn":
