@@ -2,24 +2,21 @@
 
     python benchmarks/ab_stem_layout.py [--model vit_fmnist_quick] [--rounds 8] [--steps 8]
 
-Both models live in one process and their timed rounds alternate, so a drift of the host's speed
-(about 20% here, over minutes) falls on both alike; the table gives each round's images/s and the
-median of the per-round ratios. A step is the bfloat16-autocast training step of vitscope.train:
-forward, cross-entropy, backward, fused AdamW, zero_grad.
+Both models live in one process and their timed rounds alternate (benchmarks/_ab.py); the table
+gives each round's images/s and the median of the per-round ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from einops import rearrange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ab import alternate, ratio_table, training_step  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from vitscope.models import create_model, get_config  # noqa: E402
 from vitscope.vit import PatchEmbed  # noqa: E402
@@ -36,23 +33,10 @@ def _default_layout_forward(self: PatchEmbed, x: torch.Tensor) -> torch.Tensor:
 def make_step(model_name: str, channels_last: bool, batch: int):
     torch.manual_seed(0)
     model = create_model(model_name)
-    if not channels_last:
-        model.patch_embed.to(memory_format=torch.contiguous_format)
-    pe = model.patch_embed
-    x = torch.randn(batch, pe.in_chans, *pe.img_size)
-    y = torch.randint(0, get_config(model_name).num_classes, (batch,))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     if not channels_last:  # this model's patch embedding only
+        model.patch_embed.to(memory_format=torch.contiguous_format)
         model.patch_embed.forward = _default_layout_forward.__get__(model.patch_embed)
-
-    def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return training_step(model, batch, get_config(model_name).num_classes)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,26 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     steps = {"channels-last": make_step(args.model, True, args.batch),
              "default": make_step(args.model, False, args.batch)}
-    for step in steps.values():
-        for _ in range(3):
-            step()
-    rates: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            rates[name].append(args.batch * args.steps / (time.perf_counter() - t0))
-    ratios = [a / b for a, b in zip(rates["channels-last"], rates["default"])]
+    rates = alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     print(f"\n{args.model}, batch {args.batch}, bfloat16 autocast training step, {args.rounds} alternating "
           f"rounds of {args.steps} steps\n")
-    print("| stem layout | images/s per round | median |")
-    print("|---|---|---:|")
-    for name, r in rates.items():
-        print(f"| {name} | {' '.join(f'{v:.0f}' for v in r)} | {statistics.median(r):.0f} |")
-    print(f"\nchannels-last ÷ default, per round: {' '.join(f'{v:.2f}' for v in ratios)}; "
-          f"median **{statistics.median(ratios):.2f}**")
+    print(ratio_table(rates, "channels-last", "default", "stem layout"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,59 @@
+"""Alternating in-process A/B timing of training steps, shared by the ab_*.py scripts.
+
+Every variant lives in one process and their timed rounds alternate, so a drift of the host's speed
+(about 20% here, over minutes) falls on all of them alike. A step is the bfloat16-autocast training
+step of vitscope.train: forward, cross-entropy, backward, fused AdamW, zero_grad.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def training_step(model: nn.Module, batch: int, num_classes: int) -> Callable[[], None]:
+    """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure."""
+    pe = model.patch_embed
+    x = torch.randn(batch, pe.in_chans, *pe.img_size)
+    y = torch.randint(0, num_classes, (batch,))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def alternate(steps: dict[str, Callable[[], None]], *, batch: int, rounds: int, steps_per_round: int,
+              warmup: int = 3) -> dict[str, list[float]]:
+    """Images/s of each variant, one figure per round; the rounds interleave the variants."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    rates: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(steps_per_round):
+                step()
+            rates[name].append(batch * steps_per_round / (time.perf_counter() - t0))
+    return rates
+
+
+def ratio_table(rates: dict[str, list[float]], first: str, second: str, label: str) -> str:
+    """A markdown table of the rounds, and the median of the per-round ratios first ÷ second."""
+    ratios = [a / b for a, b in zip(rates[first], rates[second])]
+    lines = [f"| {label} | images/s per round | median |", "|---|---|---:|"]
+    lines += [f"| {name} | {' '.join(f'{v:.0f}' for v in r)} | {statistics.median(r):.0f} |"
+              for name, r in rates.items()]
+    lines.append(f"\n{first} ÷ {second}, per round: {' '.join(f'{v:.2f}' for v in ratios)}; "
+                 f"median **{statistics.median(ratios):.2f}**")
+    return "\n".join(lines)
