@@ -7,12 +7,15 @@ step of vitscope.train: forward, cross-entropy, backward, fused AdamW, zero_grad
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from _machine import machine_header
 
 
 def training_step(model: nn.Module, batch: int, num_classes: int) -> Callable[[], None]:
@@ -57,3 +60,21 @@ def ratio_table(rates: dict[str, list[float]], first: str, second: str, label: s
     lines.append(f"\n{first} ÷ {second}, per round: {' '.join(f'{v:.2f}' for v in ratios)}; "
                  f"median **{statistics.median(ratios):.2f}**")
     return "\n".join(lines)
+
+
+def main(doc: str, label: str, make_steps: Callable[[str, int], dict[str, Callable[[], None]]],
+         argv: list[str] | None = None) -> None:
+    """An ab_*.py script's command line: build the two variants' steps, alternate them, print the table."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--model", default="vit_fmnist_quick")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per round and variant")
+    args = ap.parse_args(argv)
+    steps = make_steps(args.model, args.batch)
+    rates = alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
+    print(machine_header())
+    print(f"\n{args.model}, batch {args.batch}, bfloat16 autocast training step, {args.rounds} alternating "
+          f"rounds of {args.steps} steps\n")
+    first, second = steps
+    print(ratio_table(rates, first, second, label))
