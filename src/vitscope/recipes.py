@@ -64,7 +64,7 @@ def fmnist_best() -> TrainConfig:
     pad-2 random crops, flips and random erasing. Each epoch is evaluated on every test image and its
     mirror image (`eval_flip`); the final evaluation also averages each of them moved one pixel left,
     right, up and down (`final_eval_shift`, 10 views; airbench averages mirrored, shifted views for
-    CIFAR-10 too): 0.3 points.
+    CIFAR-10 too): 0.3 points. More epochs buy little: 70 (83 minutes) reached 94.67% for seed 0.
     """
     return TrainConfig(model="vit_fmnist_quick", epochs=46, batch_size=128, lr=1.5e-3, weight_decay=0.05,
                        warmup_epochs=1, label_smoothing=0.1, ema_decay=None, eval_flip=True, final_eval_shift=1,
