@@ -41,10 +41,10 @@ def fmnist_quick() -> TrainConfig:
     Figures with their commands are in benchmarks/RESULTS.md. The model is a five-conv stem to 7 x 7
     tokens and 2 blocks (see models.vit_fmnist_quick), for seven epochs: eight took 10.7 min on a
     slow spell of the host (749 images/s), and seven reach the same accuracy. In so few epochs
-    regularising costs more than it gives, so it gets flips only: random crops cost 2.5 points at two epochs, and random
-    erasing cost 0.3 points at ten (91.32% against 91.65%, previous model). It is evaluated on each test
-    image and its mirror image, logits averaged (`eval_flip`: 0.4 points for eight epochs); shifted
-    views would cost, since it never trains on shifted images.
+    regularising costs more than it gives, so it gets flips only: random crops cost 2.5 points at
+    two epochs, and random erasing cost 0.3 points at ten (91.32% against 91.65%, previous model).
+    It is evaluated on each test image and its mirror image, logits averaged (`eval_flip`: 0.4
+    points for eight epochs); shifted views would cost, since it never trains on shifted images.
     """
     return TrainConfig(model="vit_fmnist_quick", epochs=7, batch_size=128, lr=1.5e-3, weight_decay=0.05,
                        warmup_epochs=0.3, label_smoothing=0.1, eval_flip=True,
