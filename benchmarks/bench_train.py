@@ -62,10 +62,17 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
+    # One colour per preset, a solid line for its first seed and dashed for the others: with more than
+    # ten runs, matplotlib's default cycle would give two presets the same colour.
+    presets = list(dict.fromkeys(r["dir"].name.rsplit("-seed", 1)[0] for r in runs))
+    colours = plt.get_cmap("tab10" if len(presets) <= 10 else "tab20").colors
+    seen: set[str] = set()
     for r in runs:
-        m = r["metrics"]
-        ax.plot([row["train_time_s"] / 60 for row in m], [100 * row["test_acc"] for row in m], "o-", ms=3,
+        m, preset = r["metrics"], r["dir"].name.rsplit("-seed", 1)[0]
+        ax.plot([row["train_time_s"] / 60 for row in m], [100 * row["test_acc"] for row in m], "o",
+                ls="--" if preset in seen else "-", ms=3, color=colours[presets.index(preset) % len(colours)],
                 label=r["dir"].name)
+        seen.add(preset)
     ax.axhline(92, color="grey", ls="--", lw=0.8)  # the quick target
     ax.axhline(95, color="grey", ls="--", lw=0.8)  # the best target
     ax.axvline(60, color="grey", ls=":", lw=0.8)
