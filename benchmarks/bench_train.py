@@ -37,10 +37,15 @@ def load_run(run_dir: Path) -> dict:
     return {"dir": run_dir, "summary": summary, "config": config, "metrics": metrics}
 
 
+def preset_of(run: dict) -> str:
+    """The run directory's name without its `-seedN`: the table's row and the plot's colour."""
+    return run["dir"].name.rsplit("-seed", 1)[0]
+
+
 def table(runs: list[dict]) -> str:
     groups: dict[str, list[dict]] = {}
     for r in runs:
-        groups.setdefault(r["dir"].name.rsplit("-seed", 1)[0], []).append(r)
+        groups.setdefault(preset_of(r), []).append(r)
     lines = ["| preset | model | params | epochs | seeds | test views | test acc % (each) | mean | train min (each) "
              "| images/s |", "|---|---|---:|---:|---:|---:|---|---:|---|---:|"]
     for name, rs in groups.items():
@@ -64,11 +69,11 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     # One colour per preset, a solid line for its first seed and dashed for the others: with more than
     # ten runs, matplotlib's default cycle would give two presets the same colour.
-    presets = list(dict.fromkeys(r["dir"].name.rsplit("-seed", 1)[0] for r in runs))
+    presets = list(dict.fromkeys(preset_of(r) for r in runs))
     colours = plt.get_cmap("tab10" if len(presets) <= 10 else "tab20").colors
     seen: set[str] = set()
     for r in runs:
-        m, preset = r["metrics"], r["dir"].name.rsplit("-seed", 1)[0]
+        m, preset = r["metrics"], preset_of(r)
         ax.plot([row["train_time_s"] / 60 for row in m], [100 * row["test_acc"] for row in m], "o",
                 ls="--" if preset in seen else "-", ms=3, color=colours[presets.index(preset) % len(colours)],
                 label=r["dir"].name)
