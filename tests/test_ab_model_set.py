@@ -1,0 +1,29 @@
+"""benchmarks/ab_model_set.py on tiny settings: it builds both variants, alternates them and prints
+the table. A smoke test of the script, not a timing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_model_set.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_overridden_model_against_preset():
+    r = _run("--set", "depth=1", "--set", "stem=[[16,2],[32,2]]", "--batch", "4", "--rounds", "2", "--steps", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| model | images/s per round | median |"
+    assert rows[1].startswith("| depth=1 stem=[[16,2],[32,2]] | ") and rows[2].startswith("| preset | ")
+    assert len(rows[1].split(" | ")[1].split()) == 2  # one figure per round
+    assert "÷ preset, per round:" in r.stdout
+
+
+def test_no_override_is_a_clear_error():
+    r = _run("--batch", "4")
+    assert r.returncode != 0 and "give at least one --set FIELD=VALUE" in r.stderr
