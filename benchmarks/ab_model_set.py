@@ -1,4 +1,4 @@
-"""A/B: a model preset against the same preset with model fields overridden, the training step's speed.
+"""A/B: a model preset with --set FIELD=VALUE overrides (repeatable) against the preset, training step speed.
 
     python benchmarks/ab_model_set.py --set 'stem=[[32,1],[64,2],[64,1],[128,2],[128,1],[128,1]]'
         [--model vit_fmnist_quick] [--rounds 8] [--steps 8]
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     pre.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     known, rest = pre.parse_known_args(argv)
     overrides = parse_sets(known.set)
-    if not overrides:
+    if not overrides and not {"-h", "--help"} & set(rest):
         raise SystemExit("give at least one --set FIELD=VALUE, e.g. --set depth=3")
     label = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in overrides.items())
 
