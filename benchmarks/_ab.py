@@ -62,15 +62,22 @@ def ratio_table(rates: dict[str, list[float]], first: str, second: str, label: s
     return "\n".join(lines)
 
 
-def main(doc: str, label: str, make_steps: Callable[[str, int], dict[str, Callable[[], None]]],
-         argv: list[str] | None = None) -> None:
-    """An ab_*.py script's command line: build the two variants' steps, alternate them, print the table."""
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The flags every ab_*.py script takes; a script may add its own before parsing."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--model", default="vit_fmnist_quick")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8, help="timed steps per round and variant")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(doc: str, label: str, make_steps: Callable[[str, int], dict[str, Callable[[], None]]],
+         argv: list[str] | None = None, args: argparse.Namespace | None = None) -> None:
+    """An ab_*.py script's command line: build the two variants' steps, alternate them, print the table.
+
+    `args`, when given, is already parsed (by `parser(doc)` with the script's own flags added)."""
+    args = args or parser(doc).parse_args(argv)
     steps = make_steps(args.model, args.batch)
     rates = alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())

@@ -123,17 +123,29 @@ def add_train_parser(sub) -> None:
     p.set_defaults(run=run_train)
 
 
-def _parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+def parse_model_sets(items: list[str]) -> dict:
+    """`--set FIELD=VALUE` items as model fields: JSON values, plain strings staying strings, e.g.
+    ['depth=3', 'stem=[[32,1]]'] -> {'depth': 3, 'stem': [[32, 1]]}. Unknown fields are a UsageError."""
+    from vitscope.vit import ViTConfig
+
+    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        if k not in model_fields:
+            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
 
 
 def build_train_config(args):
     from vitscope.recipes import get_recipe
     from vitscope.train import TrainConfig
-    from vitscope.vit import ViTConfig
 
     if args.resume:
         cfg_path = args.resume / "config.json"
@@ -156,14 +168,8 @@ def build_train_config(args):
         raise UsageError("--resume continues the saved config exactly; drop the other training flags")
     base.update(given)
     base["augment"] = {**base.get("augment", {}), **aug}
-    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-    for item in args.set:
-        if "=" not in item:
-            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        if k not in model_fields:
-            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
-        base.setdefault("model_args", {})[k] = _parse_value(v)
+    if args.set:
+        base.setdefault("model_args", {}).update(parse_model_sets(args.set))
     return TrainConfig.from_dict(base)
 
 
