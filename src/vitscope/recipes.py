@@ -57,7 +57,7 @@ def fmnist_best() -> TrainConfig:
 
     `vitscope train --preset fmnist_best`
     Figures with their commands are in benchmarks/RESULTS.md. The quick preset's model
-    (models.vit_fmnist_quick) for 46 epochs, 52-58 minutes of training: 94.67% and 94.72% for seeds 0
+    (models.vit_fmnist_quick) for 46 epochs, 52-56 minutes of training: 94.67% and 94.72% for seeds 0
     and 1 (10 test views; 94.50% and 94.67% with the image and its mirror only). A deeper model loses:
     a third block was behind at every epoch, and the three-conv, four-block model reached 92.84% in 36
     epochs, because the small model's faster step buys more epochs; a sixth stem conv, with 40 epochs
