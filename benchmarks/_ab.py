@@ -2,7 +2,8 @@
 
 Every variant lives in one process and their timed rounds alternate, so a drift of the host's speed
 (about 20% here, over minutes) falls on all of them alike. A step is the bfloat16-autocast training
-step of vitscope.train: forward, cross-entropy, backward, fused AdamW, zero_grad.
+step of vitscope.train: forward, cross-entropy, backward, the optimizer (fused AdamW unless a script
+chooses Muon), zero_grad.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ import torch
 from torch import nn
 
 from _machine import machine_header
+from vitscope.optim import OptimizerName, build_optimizer
 
 
-def training_step(model: nn.Module, batch: int, num_classes: int) -> Callable[[], None]:
-    """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure."""
+def training_step(model: nn.Module, batch: int, num_classes: int, optimizer: OptimizerName = "adamw"
+                  ) -> Callable[[], None]:
+    """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure; the
+    optimizer is built as vitscope.train builds it."""
     pe = model.patch_embed
     x = torch.randn(batch, pe.in_chans, *pe.img_size)
     y = torch.randint(0, num_classes, (batch,))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt = build_optimizer(optimizer, model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), device=torch.device("cpu"))
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):

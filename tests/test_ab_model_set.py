@@ -1,5 +1,5 @@
-"""benchmarks/ab_model_set.py on tiny settings: it builds both variants, alternates them and prints
-the table. A smoke test of the script, not a timing."""
+"""benchmarks/ab_model_set.py and ab_optimizer.py on tiny settings: each builds both variants, alternates
+them and prints the table. Smoke tests of the scripts, not timings."""
 
 from __future__ import annotations
 
@@ -27,3 +27,14 @@ def test_overridden_model_against_preset():
 def test_no_override_is_a_clear_error():
     r = _run("--batch", "4")
     assert r.returncode != 0 and "give at least one --set FIELD=VALUE" in r.stderr
+
+
+def test_muon_against_adamw():
+    script = SCRIPT.parent / "ab_optimizer.py"
+    r = subprocess.run([sys.executable, str(script), "--batch", "4", "--rounds", "2", "--steps", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| optimizer | images/s per round | median |"
+    assert rows[1].startswith("| muon | ") and rows[2].startswith("| adamw | ")
+    assert "muon ÷ adamw, per round:" in r.stdout
