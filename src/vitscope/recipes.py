@@ -40,13 +40,14 @@ def fmnist_quick() -> TrainConfig:
     `vitscope train --preset fmnist_quick`
     Figures with their commands are in benchmarks/RESULTS.md. The model is a five-conv stem to 7 x 7
     tokens and 2 blocks (see models.vit_fmnist_quick), for seven epochs: eight took 10.7 min on a
-    slow spell of the host (749 images/s), and seven reach the same accuracy. In so few epochs
+    slow spell of the EPYC host (749 images/s, AdamW), and seven reach the same accuracy. In so few epochs
     regularising costs more than it gives, so it gets flips only: random crops cost 2.5 points at
     two epochs, and random erasing cost 0.3 points at ten (91.32% against 91.65%, previous model).
     It is evaluated on each test image and its mirror image, logits averaged (`eval_flip`: 0.4
     points for eight epochs); shifted views would cost, since it never trains on shifted images.
-    It trains with Muon on the hidden matrices (optim.py), which fits faster per step: the same seven
-    epochs reached 93.70% in a one-core run of seed 0, against 92.91% for both seeds with AdamW.
+    It trains with Muon on the hidden matrices (optim.py), which fits faster per step: 93.86% and
+    93.71% for seeds 0 and 1 in 4.7 and 4.8 minutes on a 2-core Xeon with AMX (~1,470 images/s),
+    against 92.91% for both seeds with AdamW (7.7-9.0 minutes on a 2-core EPYC without AMX).
     """
     return TrainConfig(model="vit_fmnist_quick", optimizer="muon", epochs=7, batch_size=128, lr=1.5e-3,
                        weight_decay=0.05, warmup_epochs=0.3, label_smoothing=0.1, eval_flip=True,
@@ -59,11 +60,12 @@ def fmnist_best() -> TrainConfig:
 
     `vitscope train --preset fmnist_best`
     Figures with their commands are in benchmarks/RESULTS.md. The quick preset's model
-    (models.vit_fmnist_quick) for 46 epochs with Muon on the hidden matrices (optim.py): 95.18% for
-    seed 0 in 57.6 minutes of training on a slow spell of the host (797 images/s; 10 test views,
-    94.81% with the image and its mirror only). With AdamW the same recipe reached 94.67% and 94.72%
-    for seeds 0 and 1 in 52-56 minutes: it underfits (96.4% on its own training images), and Muon
-    fits faster per step, 1.4 points ahead at epoch 20 and 0.3 at the end.
+    (models.vit_fmnist_quick) for 46 epochs with Muon on the hidden matrices (optim.py): 95.01% and
+    95.16% for seeds 0 and 1 (10 test views) in 31.5 and 30.8 minutes of training on a 2-core Xeon
+    with AMX (~1,480 images/s); 95.18% for seed 0 in 57.6 minutes on a 2-core EPYC without AMX (797
+    images/s). With AdamW the same recipe reached 94.67% and 94.72% for seeds 0 and 1 (EPYC, 52-56
+    minutes): it underfits (96.4% on its own training images), and Muon fits faster per step, 0.7-1.9
+    points ahead over the first half and 0.2-0.3 at the end.
     A deeper model loses: a third block was behind at every epoch, and the three-conv, four-block
     model reached 92.84% in 36 epochs, because the small model's faster step buys more epochs; a
     sixth stem conv, with 40 epochs in the same time, only tied it (94.70% for seed 0, AdamW). So
