@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from _machine import machine_header
+from vitscope.cli import UsageError, parse_model_sets
 from vitscope.optim import OptimizerName, build_optimizer
 
 
@@ -74,6 +75,20 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8, help="timed steps per round and variant")
     return ap
+
+
+def add_model_sets(ap: argparse.ArgumentParser) -> None:
+    """`--set FIELD=VALUE`, repeatable: model config overrides as `vitscope train --set` takes them."""
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a model field as `vitscope train --set` does; repeat for more fields")
+
+
+def model_overrides(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The parsed `--set` items; a bad one is the parser's usage error."""
+    try:
+        return parse_model_sets(args.set)
+    except UsageError as e:
+        ap.error(str(e))
 
 
 def main(doc: str, label: str, make_steps: Callable[[str, int], dict[str, Callable[[], None]]],

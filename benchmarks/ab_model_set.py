@@ -19,21 +19,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
-from vitscope.cli import UsageError, parse_model_sets  # noqa: E402
 from vitscope.models import create_model, get_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a model field as `vitscope train --set` does; repeat for more fields")
+    ab.add_model_sets(ap)
     args = ap.parse_args(argv)
     if not args.set:
         ap.error("give at least one --set FIELD=VALUE, e.g. --set depth=3")
-    try:
-        overrides = parse_model_sets(args.set)
-    except UsageError as e:
-        ap.error(str(e))
+    overrides = ab.model_overrides(ap, args)
     label = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in overrides.items())
 
     def make_steps(model: str, batch: int) -> dict:

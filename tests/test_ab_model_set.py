@@ -1,5 +1,5 @@
-"""benchmarks/ab_model_set.py and ab_optimizer.py on tiny settings: each builds both variants, alternates
-them and prints the table. Smoke tests of the scripts, not timings."""
+"""benchmarks/ab_*.py and profile_step.py on tiny settings: each builds its variants, runs them and prints
+its table. Smoke tests of the scripts, not timings."""
 
 from __future__ import annotations
 
@@ -38,3 +38,23 @@ def test_muon_against_adamw():
     assert rows[0] == "| optimizer | images/s per round | median |"
     assert rows[1].startswith("| muon | ") and rows[2].startswith("| adamw | ")
     assert "muon ÷ adamw, per round:" in r.stdout
+
+
+def test_explicit_attention_against_fused_and_a_bad_field():
+    script = SCRIPT.parent / "ab_attention_kernel.py"
+    args = ["--set", "depth=1", "--batch", "4", "--rounds", "2", "--steps", "1"]
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| explicit | ") and rows[2].startswith("| fused | ")
+    assert "explicit ÷ fused, per round:" in r.stdout
+    bad = subprocess.run([sys.executable, str(script), "--set", "depht=1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not a model field" in bad.stderr
+
+
+def test_profile_lists_the_operators():
+    script = SCRIPT.parent / "profile_step.py"
+    r = subprocess.run([sys.executable, str(script), "--set", "depth=1", "--batch", "4", "--steps", "1", "--rows", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Self CPU time total" in r.stdout and "aten::" in r.stdout
