@@ -21,13 +21,12 @@ from vitscope.cli import UsageError, parse_model_sets
 from vitscope.optim import OptimizerName, build_optimizer
 
 
-def training_step(model: nn.Module, batch: int, num_classes: int, optimizer: OptimizerName = "adamw"
-                  ) -> Callable[[], None]:
+def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adamw") -> Callable[[], None]:
     """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure; the
     optimizer is built as vitscope.train builds it."""
     pe = model.patch_embed
     x = torch.randn(batch, pe.in_chans, *pe.img_size)
-    y = torch.randint(0, num_classes, (batch,))
+    y = torch.randint(0, model.config.num_classes, (batch,))  # the model's own: --set num_classes counts
     opt = build_optimizer(optimizer, model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), device=torch.device("cpu"))
 
     def step() -> None:

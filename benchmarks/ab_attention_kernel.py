@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from vitscope import attention  # noqa: E402
-from vitscope.models import create_model, get_config  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
 
 
 def with_limit(step: Callable[[], None], max_keys: int) -> Callable[[], None]:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, max_keys in (("explicit", attention.EXPLICIT_HALF_MAX_KEYS), ("fused", 0)):
             torch.manual_seed(0)
             net = create_model(model, **overrides)
-            steps[name] = with_limit(ab.training_step(net, batch, get_config(model).num_classes), max_keys)
+            steps[name] = with_limit(ab.training_step(net, batch), max_keys)
         return steps
 
     ab.main(__doc__, "attention in bf16 training", make_steps, args=args)

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
-from vitscope.models import create_model, get_config  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         steps = {}
         for name, kw in ((label, overrides), ("preset", {})):
             torch.manual_seed(0)
-            steps[name] = ab.training_step(create_model(model, **kw), batch, get_config(model).num_classes)
+            steps[name] = ab.training_step(create_model(model, **kw), batch)
         return steps
 
     ab.main(__doc__, "model", make_steps, args=args)

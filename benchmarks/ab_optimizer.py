@@ -17,14 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
-from vitscope.models import create_model, get_config  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
 
 
 def make_steps(model: str, batch: int) -> dict:
     steps = {}
     for name in ("muon", "adamw"):
         torch.manual_seed(0)
-        steps[name] = ab.training_step(create_model(model), batch, get_config(model).num_classes, optimizer=name)
+        steps[name] = ab.training_step(create_model(model), batch, optimizer=name)
     return steps
 
 

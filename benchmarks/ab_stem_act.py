@@ -24,7 +24,7 @@ def make_steps(model: str, batch: int) -> dict:
     steps = {}
     for act in ("relu", "gelu"):
         torch.manual_seed(0)
-        steps[act] = ab.training_step(create_model(model, stem_act=act), batch, get_config(model).num_classes)
+        steps[act] = ab.training_step(create_model(model, stem_act=act), batch)
     return steps
 
 

@@ -16,7 +16,7 @@ from einops import rearrange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
-from vitscope.models import create_model, get_config  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
 from vitscope.vit import PatchEmbed  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def make_step(model_name: str, channels_last: bool, batch: int):
     if not channels_last:  # this model's patch embedding only
         model.patch_embed.to(memory_format=torch.contiguous_format)
         model.patch_embed.forward = _default_layout_forward.__get__(model.patch_embed)
-    return ab.training_step(model, batch, get_config(model_name).num_classes)
+    return ab.training_step(model, batch)
 
 
 def main(argv: list[str] | None = None) -> None:

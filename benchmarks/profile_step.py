@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope.models import create_model, get_config  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,16 +32,15 @@ def main(argv: list[str] | None = None) -> None:
     overrides = ab.model_overrides(ap, args)
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
-    num_classes = overrides.get("num_classes", get_config(args.model).num_classes)
-    step = ab.training_step(model, args.batch, num_classes, args.optimizer)
+    step = ab.training_step(model, args.batch, args.optimizer)
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             step()
     print(machine_header())
-    sets = " ".join(args.set)
-    print(f"\n{args.model} {sets}, batch {args.batch}, {args.optimizer}, bfloat16 autocast training step, "
+    name = " ".join([args.model, *args.set])
+    print(f"\n{name}, batch {args.batch}, {args.optimizer}, bfloat16 autocast training step, "
           f"{args.steps} steps profiled\n")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
