@@ -13,7 +13,8 @@ Shapes: `fmnist_plain` (28x28x1, patch 4, width 128, depth 6, heads 4, MLP 512, 
 `vit_s16` (ViT-S/16, 224x224x3, batch 32 training / 64 inference) in every implementation, and
 vitscope's Fashion-MNIST preset model `vit_fmnist_quick` (conv stem; vitscope only; both recipes train it).
 Each in float32 and in bfloat16 autocast, eager and under torch.compile. Every case runs in a
-fresh Python process, so its peak memory is its own.
+fresh Python process, so its peak memory is its own; each process keeps its freed memory, as
+`vitscope train` does on CPU (vitscope/allocator.py; `--malloc default` for glibc's own behaviour).
 
     .venv/bin/python benchmarks/bench_vit.py                          # full run, ~20-25 min on 2 cores
     .venv/bin/python benchmarks/bench_vit.py --no-compile             # skip the torch.compile rows
@@ -54,6 +55,8 @@ IMPLS = ("vitscope", "hf-sdpa", "hf-eager", "vit-pytorch", "tutorial")
 LABELS = {"vitscope": "vitscope", "hf-sdpa": "transformers (sdpa)", "hf-eager": "transformers (eager)",
           "vit-pytorch": "vit-pytorch", "tutorial": "tutorial"}
 DTYPES = ("float32", "bfloat16")
+MALLOC = {"kept": "freed memory kept in each case's process, every implementation alike (vitscope.allocator)",
+          "default": "glibc's default thresholds"}
 MODES = ("train", "infer")
 
 # --no-deps: vit-pytorch declares torchvision, which pip would fetch built for another torch (it fails to load
@@ -255,6 +258,10 @@ def worker(spec: dict) -> None:
     limit = int(spec.get("address_space_gb", 0) * 2**30)
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if spec.get("malloc") == "kept":  # every implementation alike: it is the process's allocator, not the model
+        from vitscope.allocator import keep_freed_memory
+
+        keep_freed_memory()
     result = run_peak(spec) if spec["kind"] == "peak" else run_case(spec)
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -426,6 +433,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(default 3; 0 with --quick)")
     parser.add_argument("--max-gb", type=float, default=20.0,
                         help="address-space limit of each case's process in GiB (default 20)")
+    parser.add_argument("--malloc", choices=["kept", "default"], default="kept",
+                        help="kept (default): every case's process keeps its freed memory, as vitscope.train "
+                             "does on CPU (vitscope/allocator.py); default: glibc's own thresholds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -451,7 +461,8 @@ def main(argv: list[str] | None = None) -> None:
         impls.remove("vit-pytorch")
 
     command = "python benchmarks/bench_vit.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = [SECTION, "", f"Command: `{command.strip()}`", "", machine_header({"torch_threads": threads}), ""]
+    header = machine_header({"torch_threads": threads, "malloc": MALLOC[args.malloc]})
+    out = [SECTION, "", f"Command: `{command.strip()}`", "", header, ""]
     print("\n".join(out), flush=True)
 
     check_parameter_counts(args.cases, impls)
@@ -484,7 +495,8 @@ def main(argv: list[str] | None = None) -> None:
                         specs.append({"kind": "case", "shape": shape, "impl": impl, "mode": mode, "dtype": dtype,
                                       "compile": compiled, "batch": batches[mode][shape], "threads": threads,
                                       "warmup": warmup, "warmup_s": warmup_s, "steps": steps, "target_s": 4.0,
-                                      "flops_per_image": forward_flops(cfg), "address_space_gb": args.max_gb})
+                                      "flops_per_image": forward_flops(cfg), "address_space_gb": args.max_gb,
+                                      "malloc": args.malloc})
     results = []
     start = time.monotonic()
     for i, spec in enumerate(specs):

@@ -58,3 +58,14 @@ def test_profile_lists_the_operators():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Self CPU time total" in r.stdout and "aten::" in r.stdout
+
+
+def test_kept_freed_memory_against_glibc_defaults():
+    script = SCRIPT.parent / "ab_allocator.py"
+    args = ["--set", "depth=1", "--batch", "4", "--rounds", "1", "--steps", "1"]
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| kept | ") and rows[2].startswith("| default | ")
+    assert "kept ÷ default, per round:" in r.stdout
+    assert rows[3] == "| freed memory | page faults per step | system time per step | peak resident memory |"
