@@ -3,7 +3,7 @@
 Every variant lives in one process and their timed rounds alternate, so a drift of the host's speed
 (about 20% here, over minutes) falls on all of them alike. A step is the bfloat16-autocast training
 step of vitscope.train: forward, cross-entropy, backward, the optimizer (fused AdamW unless a script
-chooses Muon), zero_grad.
+chooses Muon), zero_grad; the process keeps its freed memory, as vitscope.train's does on CPU.
 """
 
 from __future__ import annotations
@@ -17,13 +17,18 @@ import torch
 from torch import nn
 
 from _machine import machine_header
+from vitscope import allocator
 from vitscope.cli import UsageError, parse_model_sets
 from vitscope.optim import OptimizerName, build_optimizer
 
 
-def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adamw") -> Callable[[], None]:
+def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adamw", *,
+                  keep_freed_memory: bool = True) -> Callable[[], None]:
     """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure; the
-    optimizer is built as vitscope.train builds it."""
+    optimizer is built as vitscope.train builds it, and the process keeps its freed memory as
+    vitscope.train makes it do on CPU (vitscope/allocator.py) unless `keep_freed_memory` is False."""
+    if keep_freed_memory:
+        allocator.keep_freed_memory()
     pe = model.patch_embed
     x = torch.randn(batch, pe.in_chans, *pe.img_size)
     y = torch.randint(0, model.config.num_classes, (batch,))  # the model's own: --set num_classes counts

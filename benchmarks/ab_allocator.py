@@ -37,7 +37,7 @@ def child(model: str, overrides: dict, batch: int, steps: int, keep: bool) -> di
     if keep and allocator.keep_freed_memory() is None:
         raise SystemExit("this process's allocator is not glibc's malloc: nothing to compare")
     torch.manual_seed(0)
-    step = ab.training_step(create_model(model, **overrides), batch)
+    step = ab.training_step(create_model(model, **overrides), batch, keep_freed_memory=keep)
     for _ in range(3):
         step()
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
