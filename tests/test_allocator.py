@@ -65,3 +65,13 @@ def test_other_allocators_are_left_alone(monkeypatch, case):
         monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
     assert allocator.keep_freed_memory() is None
     assert allocator.applied() is None
+
+
+@pytest.mark.parametrize("argv, kept", [(["predict", "no/such/run", "x.png"], True), (["models"], False)])
+def test_the_inference_commands_keep_freed_memory(monkeypatch, capsys, argv, kept):
+    from vitscope import cli
+
+    calls = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1))
+    cli.main(argv)
+    assert bool(calls) == kept

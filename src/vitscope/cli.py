@@ -391,11 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vitscope import allocator
     from vitscope.data import DataError
     from vitscope.train import NonFiniteLoss
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("eval", "predict", "explain"):
+        # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
+        # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train` does the same unless told not to
+        allocator.keep_freed_memory()
     try:
         return args.run(args)
     except (UsageError, DataError, NonFiniteLoss, ValueError, FileNotFoundError, KeyError) as e:
