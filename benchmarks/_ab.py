@@ -3,7 +3,9 @@
 Every variant lives in one process and their timed rounds alternate, so a drift of the host's speed
 (about 20% here, over minutes) falls on all of them alike. A step is the bfloat16-autocast training
 step of vitscope.train: forward, cross-entropy, backward, the optimizer (fused AdamW unless a script
-chooses Muon), zero_grad; the process keeps its freed memory, as vitscope.train's does on CPU.
+chooses Muon), zero_grad. The process keeps its freed memory (vitscope/allocator.py): a bare loop of
+steps faults about twice as often as vitscope.train's loop does with glibc's defaults, and kept memory
+brings it to the trainer's speed, so it is the closer stand-in for the step users get.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from vitscope.optim import OptimizerName, build_optimizer
 def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adamw", *,
                   keep_freed_memory: bool = True) -> Callable[[], None]:
     """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure; the
-    optimizer is built as vitscope.train builds it, and the process keeps its freed memory as
-    vitscope.train makes it do on CPU (vitscope/allocator.py) unless `keep_freed_memory` is False."""
+    optimizer is built as vitscope.train builds it, and the process keeps its freed memory unless
+    `keep_freed_memory` is False (see the module's docstring)."""
     if keep_freed_memory:
         allocator.keep_freed_memory()
     pe = model.patch_embed

@@ -14,7 +14,7 @@ Shapes: `fmnist_plain` (28x28x1, patch 4, width 128, depth 6, heads 4, MLP 512, 
 vitscope's Fashion-MNIST preset model `vit_fmnist_quick` (conv stem; vitscope only; both recipes train it).
 Each in float32 and in bfloat16 autocast, eager and under torch.compile. Every case runs in a
 fresh Python process, so its peak memory is its own; each process keeps its freed memory, as
-`vitscope train` does on CPU (vitscope/allocator.py; `--malloc default` for glibc's own behaviour).
+`vitscope eval` does (vitscope/allocator.py; `--malloc default` for glibc's own behaviour).
 
     .venv/bin/python benchmarks/bench_vit.py                          # full run, ~20-25 min on 2 cores
     .venv/bin/python benchmarks/bench_vit.py --no-compile             # skip the torch.compile rows
@@ -434,8 +434,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-gb", type=float, default=20.0,
                         help="address-space limit of each case's process in GiB (default 20)")
     parser.add_argument("--malloc", choices=["kept", "default"], default="kept",
-                        help="kept (default): every case's process keeps its freed memory, as vitscope.train "
-                             "does on CPU (vitscope/allocator.py); default: glibc's own thresholds")
+                        help="kept (default): every case's process keeps its freed memory (vitscope/allocator.py), "
+                             "every implementation alike; default: glibc's own thresholds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

@@ -1,21 +1,26 @@
-"""Keep freed memory in the process, so a CPU training step stops paying page faults for its tensors.
+"""Keep freed memory in the process, so CPU forwards and steps stop paying page faults for their tensors.
 
 glibc's malloc serves a large block (above its "mmap threshold", 128 KiB to 32 MiB, adjusted as it
 goes) with a fresh `mmap` and gives it back to the kernel on `free`; it also trims free memory at the
-top of its heap back to the kernel. A training step allocates and frees the same activations every
-step, so every step the kernel hands out fresh zeroed pages again, one page fault per 4 KiB: 59,000 faults and
-98 ms of kernel time per step for the 28x28 ViT (width 128, depth 6) at batch 256 on two cores.
-Raising both thresholds makes freed blocks stay in the heap for the next step to reuse: the step
-ran 1.18x as fast, the quick preset's 1.08x, with the same peak memory (benchmarks/ab_allocator.py,
-RESULTS.md). The cost: memory freed during training stays with the process until it exits.
+top of its heap back to the kernel. A loop of forwards allocates and frees the same activations every
+time, so the kernel may hand out fresh zeroed pages again and again, one page fault per 4 KiB.
+Raising both thresholds makes freed blocks stay in the heap for the next forward to reuse; the cost
+is memory that stays with the process until it exits.
 
-Inference gains more, since a forward allocates as much and computes less: 1.4-1.8x for the 28x28
-ViT's forwards, 1.2-1.3x for ViT-S/16's (benchmarks/bench_vit.py --malloc default against kept).
+What it buys depends on the loop (benchmarks/RESULTS.md, session 18):
+- evaluation and inference gain most, since a forward allocates as much as a training step's and
+  computes less: `vitscope eval` ran 1.5x as fast (12-20% more peak memory), the 28x28 ViT's
+  forwards 1.4-1.8x and ViT-S/16's 1.2-1.3x (benchmarks/bench_vit.py --malloc default against kept);
+- a bare loop of training steps (benchmarks/ab_allocator.py) faulted 51,000 times a step on the
+  28x28 ViT (width 128, depth 6, batch 256): kept memory ran it 1.17x as fast, the quick preset 1.08x;
+- `vitscope train`'s own loop faults half as often (glibc raises its threshold after freeing larger
+  blocks): 2% more images/s and 3-4% less wall time, for 53% more peak memory. So training keeps
+  it only when the run sets `keep_freed_memory`.
 
-This is process-wide and has no undo; `vitscope.train` calls it for CPU runs unless the run's
-`keep_freed_memory` is False, and `vitscope eval | predict | explain` call it. Other allocators
-(jemalloc or tcmalloc through LD_PRELOAD, or a non-glibc libc) are left alone. In your own
-scripts, call `vitscope.allocator.keep_freed_memory()` once at the start.
+This is process-wide and has no undo; `vitscope eval | predict | explain` call it, and so does
+`vitscope train --keep-freed-memory true`. Other allocators (jemalloc or tcmalloc through
+LD_PRELOAD, or a non-glibc libc) are left alone. In your own scripts, call
+`vitscope.allocator.keep_freed_memory()` once at the start.
 """
 
 from __future__ import annotations

@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("eval", "predict", "explain"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
-        # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train` does the same unless told not to
+        # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train --keep-freed-memory true` asks for it
         allocator.keep_freed_memory()
     try:
         return args.run(args)
