@@ -75,3 +75,14 @@ def test_the_inference_commands_keep_freed_memory(monkeypatch, capsys, argv, kep
     monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1))
     cli.main(argv)
     assert bool(calls) == kept
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_training_keeps_freed_memory_only_when_the_run_asks(monkeypatch, tmp_path, keep):
+    from test_train import tiny_config
+    from vitscope.train import train
+
+    calls = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1))
+    train(tiny_config(epochs=1, keep_freed_memory=keep), tmp_path, progress=False)
+    assert bool(calls) == keep
