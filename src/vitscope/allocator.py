@@ -14,7 +14,7 @@ What it buys depends on the loop (benchmarks/RESULTS.md, session 18):
 - a bare loop of training steps (benchmarks/ab_allocator.py) faulted 51,000 times a step on the
   28x28 ViT (width 128, depth 6, batch 256): kept memory ran it 1.17x as fast, the quick preset 1.08x;
 - `vitscope train`'s own loop faults half as often (glibc raises its threshold after freeing larger
-  blocks): 2% more images/s and 3-4% less wall time, for 53% more peak memory. So training keeps
+  blocks): 2% more images/s and 3-5% less wall time, for 53% more peak memory. So training keeps
   it only when the run sets `keep_freed_memory`.
 
 This is process-wide and has no undo; `vitscope eval | predict | explain` call it, and so does

@@ -71,7 +71,7 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None
     # CPU runs: freed tensors stay in the process for the next step (vitscope.allocator). Measured in
-    # this loop: 2% more images/s and 3-4% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
+    # this loop: 2% more images/s and 3-5% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
     # plain 28x28 ViT); so off unless asked for. eval/predict/explain always keep it (1.5x there).
     keep_freed_memory: bool = False
     explain_images: int = 6  # test images put in the attention explorer at the end (0: none)
