@@ -14,6 +14,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
 
 
+def _table(script: str, *args: str) -> tuple[str, list[str]]:
+    """Run benchmarks/`script` with `args`; its stdout and the markdown table rows in it."""
+    r = subprocess.run([sys.executable, str(SCRIPT.parent / script), *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout, [line for line in r.stdout.splitlines() if line.startswith("| ")]
+
+
 def test_overridden_model_against_preset():
     r = _run("--set", "depth=1", "--set", "stem=[[16,2],[32,2]]", "--batch", "4", "--rounds", "2", "--steps", "1")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -30,24 +38,17 @@ def test_no_override_is_a_clear_error():
 
 
 def test_muon_against_adamw():
-    script = SCRIPT.parent / "ab_optimizer.py"
-    r = subprocess.run([sys.executable, str(script), "--batch", "4", "--rounds", "2", "--steps", "1"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    out, rows = _table("ab_optimizer.py", "--batch", "4", "--rounds", "2", "--steps", "1")
     assert rows[0] == "| optimizer | images/s per round | median |"
     assert rows[1].startswith("| muon | ") and rows[2].startswith("| adamw | ")
-    assert "muon ÷ adamw, per round:" in r.stdout
+    assert "muon ÷ adamw, per round:" in out
 
 
 def test_explicit_attention_against_fused_and_a_bad_field():
-    script = SCRIPT.parent / "ab_attention_kernel.py"
-    args = ["--set", "depth=1", "--batch", "4", "--rounds", "2", "--steps", "1"]
-    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    out, rows = _table("ab_attention_kernel.py", "--set", "depth=1", "--batch", "4", "--rounds", "2", "--steps", "1")
     assert rows[1].startswith("| explicit | ") and rows[2].startswith("| fused | ")
-    assert "explicit ÷ fused, per round:" in r.stdout
+    assert "explicit ÷ fused, per round:" in out
+    script = SCRIPT.parent / "ab_attention_kernel.py"
     bad = subprocess.run([sys.executable, str(script), "--set", "depht=1"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not a model field" in bad.stderr
 
@@ -61,11 +62,7 @@ def test_profile_lists_the_operators():
 
 
 def test_kept_freed_memory_against_glibc_defaults():
-    script = SCRIPT.parent / "ab_allocator.py"
-    args = ["--set", "depth=1", "--batch", "4", "--rounds", "1", "--steps", "1"]
-    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
+    out, rows = _table("ab_allocator.py", "--set", "depth=1", "--batch", "4", "--rounds", "1", "--steps", "1")
     assert rows[1].startswith("| kept | ") and rows[2].startswith("| default | ")
-    assert "kept ÷ default, per round:" in r.stdout
+    assert "kept ÷ default, per round:" in out
     assert rows[3] == "| freed memory | page faults per step | system time per step | peak resident memory |"
