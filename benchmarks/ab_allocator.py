@@ -34,10 +34,10 @@ VARIANTS = ("kept", "default")
 
 def child(model: str, overrides: dict, batch: int, steps: int, keep: bool) -> dict:
     """One variant in this (fresh) process: its images/s, faults and system time per step, peak memory."""
-    if keep and allocator.keep_freed_memory() is None:
-        raise SystemExit("this process's allocator is not glibc's malloc: nothing to compare")
     torch.manual_seed(0)
     step = ab.training_step(create_model(model, **overrides), batch, keep_freed_memory=keep)
+    if keep and allocator.applied() is None:
+        raise SystemExit("this process's allocator is not glibc's malloc: nothing to compare")
     for _ in range(3):
         step()
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
