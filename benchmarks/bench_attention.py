@@ -3,7 +3,9 @@
 Cases use ViT-S heads (H=6, D=64) and about 4,096 tokens per batch (B = round(4096 / N), at
 least 1), N in {65, 257, 1025, 4097, 16385}, float32 and bfloat16, forward (inference mode) and
 forward+backward. Each case runs in a fresh Python process: one call measures peak memory, then
-warm-up, then the median of several timed repeats.
+warm-up, then the median of several timed repeats. Each worker keeps its freed memory
+(vitscope/allocator.py; `--malloc default` for glibc's own thresholds), so a path that allocates a
+large fresh output, such as the explicit path's float32 weights, does not also pay page faults.
 
 Implementations, attention cores on q, k, v (B, H, N, D):
   attend            vitscope.attention.attend as shipped (its own fused/explicit choice)
@@ -46,6 +48,8 @@ QUICK_N = (65, 257, 1025)
 SWEEP_N = (65, 129, 197, 257, 385, 513, 769, 1025)
 QUICK_SWEEP_N = (65, 257, 513)
 DTYPES = ("float32", "bfloat16")
+MALLOC = {"kept": "freed memory kept in each worker, every implementation alike (vitscope.allocator)",
+          "default": "glibc's default thresholds"}
 MODES = ("fwd", "fwd+bwd")
 CORES = ("attend", "fused", "explicit", "tutorial")
 MODULES = ("vitscope MHA", "nn.MHA", "nn.MHA weights")
@@ -300,6 +304,10 @@ def worker(spec: dict) -> None:
     limit = int(spec.get("address_space_gb", 0) * 2**30)
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if spec.get("malloc") == "kept":  # every implementation alike: it is the process's allocator
+        from vitscope.allocator import keep_freed_memory
+
+        keep_freed_memory()
     run = {"peak": run_peak, "pair": run_pair, "case": run_case}[spec["kind"]]
     result = run(spec)
     print("RESULT " + json.dumps(result), flush=True)
@@ -432,6 +440,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-wait", type=float, default=3.0,
                         help="before each case wait up to this many seconds for other load to drop (default 3)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the fused/explicit crossover sweep")
+    parser.add_argument("--malloc", choices=["kept", "default"], default="kept",
+                        help="kept (default): every worker keeps its freed memory (vitscope/allocator.py), so no "
+                             "path pays page faults for its fresh outputs; default: glibc's own thresholds")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -457,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"Command: `{command.strip()}`",
         "",
-        machine_header({"torch_threads": threads}),
+        machine_header({"torch_threads": threads, "malloc": MALLOC[args.malloc]}),
         "",
     ]
     print("\n".join(out), flush=True)
@@ -465,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     def measure_peaks() -> dict[str, dict]:
         found = {}
         for dtype in DTYPES:
-            r = spawn({"kind": "peak", "dtype": dtype, "threads": threads, "sizes": [2048, 4096],
+            r = spawn({"kind": "peak", "dtype": dtype, "threads": threads, "sizes": [2048, 4096], "malloc": args.malloc,
                        "repeats": 3 if args.quick else 6})
             if "error" in r:
                 sys.exit(f"measuring the {dtype} matmul peak failed: {r['error']}")
@@ -485,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
             for mode in MODES:
                 for impl in CORES + MODULES:
                     spec = {"kind": "case", "impl": impl, "n": n, "b": b, "dtype": dtype, "mode": mode,
-                            "threads": threads, "address_space_gb": address_space_gb, **reps}
+                            "threads": threads, "address_space_gb": address_space_gb, "malloc": args.malloc,
+                            **reps}
                     if n > 4097 and impl != "fused" and impl not in MATERIALISING:
                         continue  # each call takes seconds there; the other fused rows would repeat it
                     if impl in MATERIALISING and explicit_bytes(b, n, mode) > args.max_gb * 1e9:
@@ -552,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
             for dtype in DTYPES:
                 for n in sweep_ns if p % 2 == 0 else sweep_ns[::-1]:
                     spec = {"kind": "pair", "impls": ["fused", "explicit"], "n": n, "b": batch_for(n),
-                            "dtype": dtype, "mode": "fwd+bwd", "threads": threads,
+                            "dtype": dtype, "mode": "fwd+bwd", "threads": threads, "malloc": args.malloc,
                             "address_space_gb": address_space_gb, **reps, "target_s": 2 * reps["target_s"]}
                     sweep.setdefault((dtype, n), []).append(spawn(spec, quiet_wait_s=args.quiet_wait))
                     print(f"  sweep pass {p + 1}: N={n} {dtype} done", file=sys.stderr, flush=True)
