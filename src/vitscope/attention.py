@@ -22,7 +22,9 @@ from torch import Tensor, nn
 # At or below this many keys, half-precision training runs the explicit path: PyTorch's fused CPU
 # kernel is slower backwards in bfloat16 at ViT-sized sequences. Measured (bench_attention.py,
 # forward+backward, bfloat16): explicit/fused time 0.25 at N=65, 0.71 at N=197, 1.06 at N=257,
-# 1.54 at N=513. Above it the fused kernel runs, so the Nq x Nk matrix is never materialised.
+# 1.54 at N=513 on an AMD EPYC; 0.26, 0.91, 1.33 and 1.95 on a Xeon with AMX (with freed memory kept
+# in the process, vitscope/allocator.py, the AMX crossover moves to N=385-513). Above it the fused
+# kernel runs, so the Nq x Nk matrix is never materialised.
 EXPLICIT_HALF_MAX_KEYS = 256
 
 
