@@ -48,7 +48,7 @@ QUICK_N = (65, 257, 1025)
 SWEEP_N = (65, 129, 197, 257, 385, 513, 769, 1025)
 QUICK_SWEEP_N = (65, 257, 513)
 DTYPES = ("float32", "bfloat16")
-MALLOC = {"kept": "freed memory kept in each worker, every implementation alike (vitscope.allocator)",
+MALLOC = {"kept": "freed memory kept in each worker process, every implementation alike (vitscope.allocator)",
           "default": "glibc's default thresholds"}
 MODES = ("fwd", "fwd+bwd")
 CORES = ("attend", "fused", "explicit", "tutorial")
@@ -298,16 +298,29 @@ def run_peak(spec: dict) -> dict:
     return {**spec, "gflops": best, "per_size": per_size}
 
 
+def add_malloc_flag(parser: argparse.ArgumentParser) -> None:
+    """`--malloc kept|default`, shared with bench_vit.py; each spec carries the choice to its worker."""
+    parser.add_argument("--malloc", choices=list(MALLOC), default="kept",
+                        help="kept (default): every worker keeps its freed memory (vitscope/allocator.py), every "
+                             "implementation alike, so none pays page faults for fresh outputs; default: glibc's "
+                             "own thresholds")
+
+
+def apply_malloc(spec: dict) -> None:
+    """In a worker: keep freed memory if the spec says so (it is the process's allocator, not a model's)."""
+    if spec.get("malloc") == "kept":
+        from vitscope.allocator import keep_freed_memory
+
+        keep_freed_memory()
+
+
 def worker(spec: dict) -> None:
     # Guard the shared machine: a case that outgrows its budget fails with an error here rather than
     # waking the kernel's OOM killer, which might pick someone else's process.
     limit = int(spec.get("address_space_gb", 0) * 2**30)
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    if spec.get("malloc") == "kept":  # every implementation alike: it is the process's allocator
-        from vitscope.allocator import keep_freed_memory
-
-        keep_freed_memory()
+    apply_malloc(spec)
     run = {"peak": run_peak, "pair": run_pair, "case": run_case}[spec["kind"]]
     result = run(spec)
     print("RESULT " + json.dumps(result), flush=True)
@@ -440,9 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-wait", type=float, default=3.0,
                         help="before each case wait up to this many seconds for other load to drop (default 3)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the fused/explicit crossover sweep")
-    parser.add_argument("--malloc", choices=["kept", "default"], default="kept",
-                        help="kept (default): every worker keeps its freed memory (vitscope/allocator.py), so no "
-                             "path pays page faults for its fresh outputs; default: glibc's own thresholds")
+    add_malloc_flag(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -476,8 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     def measure_peaks() -> dict[str, dict]:
         found = {}
         for dtype in DTYPES:
-            r = spawn({"kind": "peak", "dtype": dtype, "threads": threads, "sizes": [2048, 4096], "malloc": args.malloc,
-                       "repeats": 3 if args.quick else 6})
+            r = spawn({"kind": "peak", "dtype": dtype, "threads": threads, "sizes": [2048, 4096],
+                       "malloc": args.malloc, "repeats": 3 if args.quick else 6})
             if "error" in r:
                 sys.exit(f"measuring the {dtype} matmul peak failed: {r['error']}")
             found[dtype] = r

@@ -40,11 +40,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import (  # noqa: E402  (shared helpers of the benchmark scripts)
+    MALLOC,
     _background_cores,
     _kernel_used,
     _release_free_memory,
     _reset_peak_rss,
     _rss_bytes,
+    add_malloc_flag,
+    apply_malloc,
     run_peak,
     wait_for_quiet,
     write_section,
@@ -55,8 +58,6 @@ IMPLS = ("vitscope", "hf-sdpa", "hf-eager", "vit-pytorch", "tutorial")
 LABELS = {"vitscope": "vitscope", "hf-sdpa": "transformers (sdpa)", "hf-eager": "transformers (eager)",
           "vit-pytorch": "vit-pytorch", "tutorial": "tutorial"}
 DTYPES = ("float32", "bfloat16")
-MALLOC = {"kept": "freed memory kept in each case's process, every implementation alike (vitscope.allocator)",
-          "default": "glibc's default thresholds"}
 MODES = ("train", "infer")
 
 # --no-deps: vit-pytorch declares torchvision, which pip would fetch built for another torch (it fails to load
@@ -258,10 +259,7 @@ def worker(spec: dict) -> None:
     limit = int(spec.get("address_space_gb", 0) * 2**30)
     if limit:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    if spec.get("malloc") == "kept":  # every implementation alike: it is the process's allocator, not the model
-        from vitscope.allocator import keep_freed_memory
-
-        keep_freed_memory()
+    apply_malloc(spec)
     result = run_peak(spec) if spec["kind"] == "peak" else run_case(spec)
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -433,9 +431,7 @@ def main(argv: list[str] | None = None) -> None:
                              "(default 3; 0 with --quick)")
     parser.add_argument("--max-gb", type=float, default=20.0,
                         help="address-space limit of each case's process in GiB (default 20)")
-    parser.add_argument("--malloc", choices=["kept", "default"], default="kept",
-                        help="kept (default): every case's process keeps its freed memory (vitscope/allocator.py), "
-                             "every implementation alike; default: glibc's own thresholds")
+    add_malloc_flag(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
