@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc
                            reason="the setting is for glibc's malloc")
 
 # Allocates, touches and frees a 48 MiB tensor ten times after a warm-up (above glibc's 32 MiB cap on its own
-# threshold, so by default every one is a fresh mmap), and prints the page faults per round.
+# threshold, so by default every one is a fresh mmap), and prints the page faults of each round.
 FAULTS = """
 import json, resource, sys
 import torch
@@ -24,10 +25,11 @@ from vitscope import allocator
 kept = allocator.keep_freed_memory() if sys.argv[1] == "kept" else None
 for _ in range(5):  # glibc settles where it puts the block in the first few rounds
     torch.empty(12 << 20).fill_(1.0)
-r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(10):
+    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.empty(12 << 20).fill_(1.0)
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 10
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
 print(json.dumps({"threshold": kept, "faults": faults}))
 """
 
@@ -41,10 +43,14 @@ def _faults(variant: str) -> dict:
 @glibc
 def test_freed_blocks_are_reused_without_page_faults():
     default, kept = _faults("default"), _faults("kept")
-    assert default["faults"] > 10_000  # 48 MiB is 12,288 pages of 4 KiB, faulted in every round
+    # 48 MiB is 12,288 pages of 4 KiB, faulted in again in every round
+    assert statistics.median(default["faults"]) > 10_000, default
     if kept["threshold"] < 48 << 20:
         pytest.skip(f"this glibc caps the threshold at {kept['threshold']} bytes, below the test's block")
-    assert kept["faults"] < 100
+    # Kept, the block is reused. The median, since a machine may still fault one round in (CI once faulted one of
+    # the ten rounds fully, 12,288 faults, while the other nine had none).
+    assert statistics.median(kept["faults"]) < 100, kept
+    assert sum(kept["faults"]) < sum(default["faults"]) / 4, (kept, default)
 
 
 @glibc
