@@ -368,6 +368,27 @@ def test_cross_attention_matches_torch(context_dim, padded):
     torch.testing.assert_close(ours(x, ctx, mask=mask), want, **F32)
 
 
+@pytest.mark.parametrize("cross", [False, True])
+def test_fewer_queries_match_torch_for_those_tokens(cross):
+    """queries=n: the first n tokens' outputs, with every token (or the context) as keys and values."""
+    ours = _randomise(MultiHeadAttention(DIM, HEADS, cross=cross))
+    ref = _torch_mha_like(ours, DIM, HEADS)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(B, N, DIM, generator=g)
+    kv = torch.randn(B, M, DIM, generator=g) if cross else x
+    kpm = torch.zeros(B, kv.shape[1], dtype=torch.bool)
+    kpm[0, -2:] = True
+    want = ref(x, kv, kv, key_padding_mask=kpm, need_weights=False)[0][:, :2]
+    context = kv if cross else None
+    out = ours(x, context, mask=key_padding_mask(padded=kpm), queries=2)
+    assert out.shape == (B, 2, DIM)
+    torch.testing.assert_close(out, want, **F32)
+    out, w = ours(x, context, queries=2, return_weights=True)
+    assert w.shape == (B, HEADS, 2, kv.shape[1])
+    with pytest.raises(ValueError, match="key mask"):
+        ours(x, context, causal=True, queries=2)
+
+
 def test_self_attention_refuses_context():
     with pytest.raises(ValueError, match="cross=True"):
         MultiHeadAttention(DIM, HEADS)(torch.randn(1, 2, DIM), torch.randn(1, 3, DIM))

@@ -109,12 +109,48 @@ def test_forward_head_pre_logits_is_the_normed_class_token():
         feats = model.forward_features(x)
         pre = model.forward_head(feats, pre_logits=True)
         torch.testing.assert_close(pre, feats[:, 0], rtol=0, atol=0)
-        torch.testing.assert_close(model.head(pre), model(x), rtol=0, atol=0)
+        # model(x) runs the last block for the class token alone: the same logits up to float32 rounding
+        torch.testing.assert_close(model.head(pre), model(x), rtol=0, atol=1e-5)
         # the features are the final norm of the last block's tokens
         tokens = model.embed(x)
         for block in model.blocks:
             tokens = block(tokens)
         torch.testing.assert_close(feats, model.norm(tokens), rtol=0, atol=0)
+
+
+def test_forward_runs_the_last_block_for_the_class_token_with_the_same_logits_and_gradients():
+    model = _model().train()  # dropout and drop-path are 0 in SMALL: training and full paths do the same sums
+    x = _images(b=3)
+    full = model.forward_head(model.forward_features(x))
+    full.square().sum().backward()
+    full_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    assert model._only_class_token_read()
+    short = model(x)
+    short.square().sum().backward()
+    torch.testing.assert_close(short, full, rtol=0, atol=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, full_grads[n], rtol=1e-4, atol=1e-4, msg=n)  # grads up to ~40
+
+
+def test_the_last_block_runs_in_full_when_something_reads_its_tokens():
+    model = _model()
+    x = _images()
+    with torch.no_grad():
+        expected = model.forward_head(model.forward_features(x))
+        seen = []
+        handle = model.blocks[-1].mlp.register_forward_hook(lambda m, i, out: seen.append(out.shape))
+        out = model(x)
+        handle.remove()
+        assert seen == [(2, 50, SMALL["embed_dim"])]  # 49 patches and the class token
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, out: None)
+        try:
+            assert not model._only_class_token_read()
+        finally:
+            handle.remove()
+        assert model._only_class_token_read()
+        assert not _model(global_pool="avg", class_token=False)._only_class_token_read()
 
 
 def test_forward_intermediates_equal_manual_block_application():

@@ -234,7 +234,7 @@ class MultiHeadAttention(nn.Module):
         # Heads whose output is zeroed before `proj` (head-importance ablation); None = all kept.
         self.head_mask: Tensor | None = None
 
-    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None):
+    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None, queries: int | None = None):
         if not self.cross:
             if context is not None:
                 raise ValueError(
@@ -242,11 +242,13 @@ class MultiHeadAttention(nn.Module):
                 )
             qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
             q, k, v = qkv.unbind(0)  # (B, H, N, D) each
+            if queries is not None:
+                q = q[:, :, :queries]  # (B, H, queries, D)
             k = self.k_norm(k)
             if cache is not None:
                 k, v = cache.append(k, v)
             return self.q_norm(q), k, v
-        q = rearrange(self.q(x), "b n (h d) -> b h n d", h=self.num_heads)
+        q = rearrange(self.q(x if queries is None else x[:, :queries]), "b n (h d) -> b h n d", h=self.num_heads)
         if cache is not None and cache.k is not None:
             return self.q_norm(q), cache.k, cache.v
         if context is None:
@@ -266,9 +268,18 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         return_weights: bool = False,
+        queries: int | None = None,
     ):
-        """x (B, N, dim) -> (B, N, dim); with `return_weights` also (B, H, N, Nk)."""
-        q, k, v = self._project(x, context, cache)
+        """x (B, N, dim) -> (B, N, dim); with `return_weights` also (B, H, N, Nk).
+
+        `queries=n` computes the output of the first n tokens only, (B, n, dim): every token still
+        serves as a key and value, and `mask` may only mask keys, (..., 1, Nk). A ViT whose head
+        reads only the class token needs no more from its last block.
+        """
+        if queries is not None and (causal or (mask is not None and mask.shape[-2] != 1)):
+            raise ValueError("queries=n takes a key mask (..., 1, Nk) only, not causal=True or a per-query "
+                             "mask; run all queries and slice the output instead")
+        q, k, v = self._project(x, context, cache, queries)
         want = return_weights or self.capture is not None
         out = attend(
             q, k, v, mask=mask, causal=causal, scale=self.scale,
