@@ -5,12 +5,14 @@ least 1), N in {65, 257, 1025, 4097, 16385}, float32 and bfloat16, forward (infe
 forward+backward. Each case runs in a fresh Python process: one call measures peak memory, then
 warm-up, then the median of several timed repeats. Each worker keeps its freed memory
 (vitscope/allocator.py; `--malloc default` for glibc's own thresholds), so a path that allocates a
-large fresh output, such as the explicit path's float32 weights, does not also pay page faults.
+large fresh output, such as the explicit path's (B, H, N, N) weights, does not also pay page faults.
 
 Implementations, attention cores on q, k, v (B, H, N, D):
   attend            vitscope.attention.attend as shipped (its own fused/explicit choice)
   fused             F.scaled_dot_product_attention called directly
-  explicit          attend(..., return_weights=True): softmax in float32, then @ v
+  explicit          attend's explicit path as it runs when no weights are returned (bfloat16 training
+                    at N <= EXPLICIT_HALF_MAX_KEYS): q @ kᵀ · scale, softmax computed in float32 and
+                    kept in the input dtype, then @ v
   tutorial          the tutorials' code as written: q @ kᵀ / sqrt(d), softmax, @ v (input dtype)
 and modules on x (B, N, E=H*D), which include the q/k/v and output projections:
   vitscope MHA      vitscope.attention.MultiHeadAttention
@@ -165,7 +167,7 @@ def _build(impl: str, b: int, n: int, dtype, train: bool):
         fn = {
             "attend": lambda: attention.attend(q, k, v),
             "fused": lambda: F.scaled_dot_product_attention(q, k, v),
-            "explicit": lambda: attention.attend(q, k, v, return_weights=True)[0],
+            "explicit": lambda: attention.attention_weights(q, k, dtype=v.dtype) @ v,  # attend's explicit branch
             "tutorial": lambda: tutorial_attention(q, k, v),
         }[impl]
         path = _kernel_used(fn, train) if impl == "attend" else impl
