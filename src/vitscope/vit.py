@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from einops import rearrange
 from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
 
 from vitscope.attention import MultiHeadAttention
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -23,10 +24,8 @@ def _has_hooks(m: nn.Module) -> bool:
 
 
 def _has_global_hooks() -> bool:
-    from torch.nn.modules import module
-
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks
-                or module._global_backward_hooks or module._global_backward_pre_hooks)
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+                or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks)
 
 
 def _pair(x) -> tuple[int, int]:
