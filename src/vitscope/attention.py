@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitscope.fused_linear import Linear
+
 # At or below this many keys, half-precision training runs the explicit path: PyTorch's fused CPU
 # kernel is slower backwards in bfloat16 at ViT-sized sequences. Measured (bench_attention.py's
 # crossover, forward+backward, bfloat16, explicit/fused time, on a Xeon with AMX, with the weights
@@ -232,14 +234,14 @@ class MultiHeadAttention(nn.Module):
         self.num_heads, self.head_dim, self.scale = num_heads, head_dim, head_dim**-0.5
         self.cross = cross or context_dim is not None
         if self.cross:
-            self.q = nn.Linear(dim, inner, bias=qkv_bias)
-            self.kv = nn.Linear(context_dim or dim, 2 * inner, bias=qkv_bias)
+            self.q = Linear(dim, inner, bias=qkv_bias)
+            self.kv = Linear(context_dim or dim, 2 * inner, bias=qkv_bias)
         else:
-            self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
+            self.qkv = Linear(dim, 3 * inner, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
-        self.proj = nn.Linear(inner, dim)
+        self.proj = Linear(inner, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.capture: CaptureFn | None = None
         # Heads whose output is zeroed before `proj` (head-importance ablation); None = all kept.

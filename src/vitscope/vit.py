@@ -15,7 +15,9 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
+from vitscope import fused_linear
 from vitscope.attention import MultiHeadAttention
+from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
 
 
@@ -93,15 +95,26 @@ class PatchEmbed(nn.Module):
 
 
 class Mlp(nn.Module):
+    """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias and the GELU run inside its matmul
+    (vitscope/fused_linear.py) unless something could observe fc1's or the GELU's output."""
+
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
+        self.fc1 = Linear(dim, hidden)
         self.act = nn.GELU()
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
 
+    def _gelu_fusable(self, x: Tensor) -> bool:
+        inner = (self.fc1, self.act, self.drop1)
+        return (type(self.act) is nn.GELU and self.act.approximate == "none" and isinstance(self.fc1, nn.Linear)
+                and not (self.drop1.training and self.drop1.p > 0) and fused_linear.fusable(x, self.fc1)
+                and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
+
     def forward(self, x: Tensor) -> Tensor:
+        if self._gelu_fusable(x):
+            return self.drop2(self.fc2(fused_linear.linear(x, self.fc1, gelu=True)))
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
@@ -250,7 +263,7 @@ class VisionTransformer(nn.Module):
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        self.head = nn.Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head = Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         if cfg.pos_embed == "sincos2d":  # fixed: a buffer, recomputed rather than saved
             self.register_buffer("pos_embed_fixed", self._sincos(gh, gw), persistent=False)
         self._pos_cache: dict = {}

@@ -1,0 +1,159 @@
+"""oneDNN's fused linear (bias and GELU inside the matmul) for bfloat16 inference: when it runs, and
+that it gives nn.Linear's and F.gelu's numbers to bfloat16 rounding, checked against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscope import fused_linear
+from vitscope.fused_linear import Linear
+from vitscope.vit import Mlp, VisionTransformer, ViTConfig
+
+pytestmark = pytest.mark.skipif(not fused_linear.available(), reason="no oneDNN bfloat16 linear in this torch/CPU")
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the fused kernel's calls."""
+    seen = []
+    kernel = fused_linear._KERNEL
+
+    def counting(*args):
+        seen.append(args[3])  # the post-op: "none" or "gelu"
+        return kernel(*args)
+
+    monkeypatch.setattr(fused_linear, "_KERNEL", counting)
+    return seen
+
+
+def _layer(i: int = 48, o: int = 80, bias: bool = True, seed: int = 0) -> Linear:
+    torch.manual_seed(seed)
+    layer = Linear(i, o, bias=bias)
+    with torch.no_grad():
+        if bias:
+            layer.bias.normal_()  # large enough that a lost or doubled bias shows
+    return layer
+
+
+def _err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return (out.double() - ref).abs().max().item() / ref.abs().max().item()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("shape", [(37, 48), (3, 50, 48), "transposed"])
+def test_fused_linear_is_as_close_to_float64_as_autocast_linear(shape, gelu, bias, calls):
+    layer = _layer(bias=bias)
+    g = torch.Generator().manual_seed(1)
+    if shape == "transposed":  # (3, 50, 48) with the last two dims swapped in memory, as after a rearrange
+        x = torch.randn(3, 48, 50, generator=g).transpose(1, 2)
+    else:
+        x = torch.randn(*shape, generator=g)
+    ref = F.linear(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double())
+    ref = F.gelu(ref) if gelu else ref
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        assert fused_linear.fusable(x, layer)
+        out = fused_linear.linear(x, layer, gelu=gelu)
+        plain = F.linear(x, layer.weight, layer.bias)
+        plain = F.gelu(plain) if gelu else plain
+    assert calls == ["gelu" if gelu else "none"]
+    assert out.dtype == BF16 and out.shape == plain.shape
+    # bfloat16 keeps 8 bits: the fused kernel rounds once (after bias and GELU), autocast two or three times
+    assert _err(out, ref) < 0.01
+    assert _err(out, ref) <= _err(plain, ref) * 1.01
+
+
+def test_linear_module_runs_the_kernel_only_where_no_gradient_is_needed(calls):
+    layer = _layer()
+    x = torch.randn(4, 10, 48)
+    with torch.autocast("cpu", dtype=BF16):
+        out = layer(x)  # training: parameters require grad, so F.linear and its backward
+        assert calls == []
+        out.float().sum().backward()
+        assert layer.weight.grad is not None
+        with torch.no_grad():
+            layer(x)
+        with torch.inference_mode():
+            fused = layer(x)
+    assert calls == ["none", "none"]
+    assert (fused.float() - out.detach().float()).abs().max() < 0.05
+
+
+def test_float32_and_float16_keep_f_linear_exactly(calls):
+    layer = _layer()
+    x = torch.randn(4, 48)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert not fused_linear.fusable(x, layer)
+    assert calls == []
+
+
+def test_bfloat16_weights_without_autocast_fuse_and_mixed_dtypes_keep_torchs_error(calls):
+    layer = _layer().to(BF16)
+    x = torch.randn(4, 48)
+    with torch.inference_mode():
+        out = layer(x.to(BF16))
+        assert calls == ["none"]
+        assert (out.float() - F.linear(x.to(BF16), layer.weight, layer.bias).float()).abs().max() < 0.05
+        with pytest.raises(RuntimeError):  # float32 input, bfloat16 weights: nn.Linear's own error
+            layer(x)
+
+
+def test_linear_keeps_nn_linears_state_dict_and_hooks():
+    plain = nn.Linear(48, 80)
+    layer = _layer()
+    layer.load_state_dict(plain.state_dict())
+    assert isinstance(layer, nn.Linear) and list(layer.state_dict()) == ["weight", "bias"]
+    seen = []
+    layer.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        layer(torch.randn(2, 48))
+    assert seen == [BF16]
+
+
+def test_mlp_fuses_gelu_unless_a_hook_could_see_the_hidden_activation(calls):
+    torch.manual_seed(0)
+    mlp = Mlp(48, 96).eval()
+    x = torch.randn(2, 7, 48)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        fused = mlp(x)
+        assert calls == ["gelu", "none"]  # fc1 + bias + GELU in one kernel, then fc2 + bias
+        hidden = []
+        handle = mlp.act.register_forward_hook(lambda m, i, o: hidden.append(o.shape))
+        hooked = mlp(x)
+        handle.remove()
+    assert hidden == [(2, 7, 96)] and calls[2:] == ["none", "none"]  # fc1 alone, then fc2: GELU ran as a module
+    ref = F.linear(F.gelu(F.linear(x.double(), mlp.fc1.weight.double(), mlp.fc1.bias.double())),
+                   mlp.fc2.weight.double(), mlp.fc2.bias.double())
+    assert _err(fused, ref) < 0.02 and _err(hooked, ref) < 0.02
+
+
+def test_mlp_in_training_mode_with_dropout_does_not_fuse(calls):
+    mlp = Mlp(48, 96, drop=0.5).train()
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        mlp(torch.randn(2, 48))
+    assert "gelu" not in calls
+
+
+def test_vit_bfloat16_inference_logits_match_the_unfused_model(calls, monkeypatch):
+    torch.manual_seed(0)
+    cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=3, num_heads=4)
+    model = VisionTransformer(cfg).eval()
+    x = torch.randn(8, 1, 28, 28)
+    with torch.inference_mode():
+        ref = model.double()(x.double())
+        model.float()
+        with torch.autocast("cpu", dtype=BF16):
+            fused = model(x)
+            assert calls.count("gelu") == 3
+            monkeypatch.setattr(fused_linear, "available", lambda: False)
+            plain = model(x)
+    assert _err(fused, ref) < 0.03
+    assert _err(fused, ref) <= _err(plain, ref) * 1.25
+    assert (fused.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.75
