@@ -57,8 +57,8 @@ def test_fused_linear_is_as_close_to_float64_as_autocast_linear(shape, gelu, bia
     ref = F.linear(x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double())
     ref = F.gelu(ref) if gelu else ref
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
-        assert fused_linear.fusable(x, layer)
-        out = fused_linear.linear(x, layer, gelu=gelu)
+        assert fused_linear.fusable(x, layer.weight, layer.bias)
+        out = fused_linear.linear(x, layer.weight, layer.bias, gelu=gelu)
         plain = F.linear(x, layer.weight, layer.bias)
         plain = F.gelu(plain) if gelu else plain
     assert calls == ["gelu" if gelu else "none"]
@@ -90,7 +90,7 @@ def test_float32_and_float16_keep_f_linear_exactly(calls):
     with torch.inference_mode():
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
         with torch.autocast("cpu", dtype=torch.float16):
-            assert not fused_linear.fusable(x, layer)
+            assert not fused_linear.fusable(x, layer.weight, layer.bias)
     assert calls == []
 
 
@@ -103,6 +103,13 @@ def test_bfloat16_weights_without_autocast_fuse_and_mixed_dtypes_keep_torchs_err
         assert (out.float() - F.linear(x.to(BF16), layer.weight, layer.bias).float()).abs().max() < 0.05
         with pytest.raises(RuntimeError):  # float32 input, bfloat16 weights: nn.Linear's own error
             layer(x)
+
+
+def test_traced_graphs_keep_the_portable_linear():
+    layer = _layer().to(BF16).eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(layer, torch.randn(2, 48, dtype=BF16), check_trace=False)
+    assert "aten::linear" in str(traced.graph) and "mkldnn" not in str(traced.graph)
 
 
 def test_linear_keeps_nn_linears_state_dict_and_hooks():
@@ -151,9 +158,38 @@ def test_vit_bfloat16_inference_logits_match_the_unfused_model(calls, monkeypatc
         model.float()
         with torch.autocast("cpu", dtype=BF16):
             fused = model(x)
-            assert calls.count("gelu") == 3
+            assert calls.count("gelu") == 3  # fc1 of each block
+            assert len(calls) == 1 + 3 * 4 + 1  # patch embedding, qkv/proj/fc1/fc2 of each block, head
             monkeypatch.setattr(fused_linear, "available", lambda: False)
             plain = model(x)
     assert _err(fused, ref) < 0.03
     assert _err(fused, ref) <= _err(plain, ref) * 1.25
     assert (fused.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.75
+
+
+def test_patch_embedding_runs_as_a_linear_of_flattened_patches(calls):
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=0, embed_dim=48,
+                                        depth=0, num_heads=4)).eval()
+    pe = model.patch_embed
+    x = torch.randn(2, 3, 32, 32)
+    ref = F.conv2d(x.double(), pe.proj.weight.double(), pe.proj.bias.double(), stride=8).flatten(2).transpose(1, 2)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        fused = pe(x)
+        assert calls == ["none"]
+        seen = []
+        handle = pe.proj.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        conv = pe(x)  # a hook on the conv: it runs as the conv
+        handle.remove()
+    assert seen == [(2, 48, 4, 4)] and calls == ["none"]
+    assert fused.shape == conv.shape == (2, 16, 48)
+    assert _err(fused, ref) < 0.01 and _err(fused, ref) <= _err(conv, ref) * 1.01
+
+
+def test_a_conv_stem_keeps_the_patch_conv(calls):
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=0, embed_dim=32,
+                                        depth=0, num_heads=4, stem=[(16, 2)])).eval()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        model.patch_embed(torch.randn(2, 1, 28, 28))
+    assert calls == []

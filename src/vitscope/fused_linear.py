@@ -8,11 +8,11 @@ float32 accumulator and rounds once, in the matmul's own pass. That is also a li
 exact result: the unfused path rounds to bfloat16 before the bias and again before the GELU.
 
 The kernel has no backward, so it runs only where nothing asks for gradients (`torch.inference_mode`,
-`torch.no_grad`, or inputs and weights that do not require them), on CPU tensors, in bfloat16 (under
-CPU autocast, or with bfloat16 input and weights), and never while torch.compile traces. Measured on
-a Xeon with AMX, 2 threads, (12800, 128) input (benchmarks/bench_vit.py's Fashion-MNIST shape):
-128 -> 512 took 0.67 ms against nn.Linear's 0.91, and with GELU 1.69 against 2.08; in float32
-the gain was within noise (and at ViT-S/16's widths none), so float32 keeps `F.linear`.
+`torch.no_grad`, or inputs and weights that do not require them), on CPU tensors, in bfloat16
+(under CPU autocast, or with bfloat16 input and weights), and never while torch.compile or
+torch.jit.trace records a graph. In float32 it measured no faster, so float32 keeps `F.linear`.
+Measured on a Xeon with AMX, 2 threads, input (12800, 128) (bench_vit.py's Fashion-MNIST shape):
+128 -> 512 took 0.67 ms against nn.Linear's 0.91, and with the GELU 1.69 against 2.08.
 """
 
 from __future__ import annotations
@@ -37,32 +37,32 @@ def available() -> bool:
         return False
 
 
-def fusable(x: Tensor, layer: nn.Linear) -> bool:
-    """Whether `linear(x, layer)` may run the fused kernel and give what `layer(x)` would."""
-    w, b = layer.weight, layer.bias
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `linear(x, weight, bias)` may run the fused kernel and give what `F.linear` would."""
+    grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if grads and torch.is_grad_enabled():
         return False
-    if x.device.type != "cpu" or w.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
+    if x.device.type != "cpu" or weight.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
         return False
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # traced graphs keep the portable ops
         return False
     if torch.is_autocast_enabled("cpu"):
         if torch.get_autocast_dtype("cpu") != torch.bfloat16 or not x.is_floating_point():
             return False
-    elif not (x.dtype == w.dtype == torch.bfloat16 and (b is None or b.dtype == torch.bfloat16)):
+    elif not (x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)):
         return False
     return available()
 
 
-def linear(x: Tensor, layer: nn.Linear, *, gelu: bool = False) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
     """x (..., in) -> (..., out) in bfloat16: x Wᵀ + b, then exact (erf) GELU if `gelu`.
 
-    Call it only where `fusable(x, layer)`; it casts as bfloat16 autocast would."""
+    Call it only where `fusable(x, weight, bias)`; it casts as bfloat16 autocast would."""
     dt = torch.bfloat16
-    bias = None if layer.bias is None else layer.bias.to(dt)
+    bias = None if bias is None else bias.to(dt)
     if gelu:
-        return _KERNEL(x.to(dt), layer.weight.to(dt), bias, "gelu", [], "none")
-    return _KERNEL(x.to(dt), layer.weight.to(dt), bias, "none", [], "")
+        return _KERNEL(x.to(dt), weight.to(dt), bias, "gelu", [], "none")
+    return _KERNEL(x.to(dt), weight.to(dt), bias, "none", [], "")
 
 
 class Linear(nn.Linear):
@@ -71,6 +71,6 @@ class Linear(nn.Linear):
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if fusable(x, self):
-            return linear(x, self)
+        if fusable(x, self.weight, self.bias):
+            return linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

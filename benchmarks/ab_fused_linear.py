@@ -1,0 +1,65 @@
+"""A/B: bfloat16 inference with oneDNN's fused linear (bias and GELU in the matmul) against nn.Linear's path.
+
+    python benchmarks/ab_fused_linear.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_fused_linear.py --model vit_small_patch16_224 --batch 64 --steps 3
+
+vitscope's linear layers and MLP (vitscope/fused_linear.py) run oneDNN's linear with the bias, and
+for fc1 the GELU, applied to the float32 accumulator, wherever nothing needs gradients and the compute
+dtype is bfloat16. This times one model's inference forwards (`torch.inference_mode`, bfloat16
+autocast, a fixed random batch) with the fused kernel and with it switched off (`nn.Linear`'s
+`addmm` and a separate GELU), in alternating rounds in one process, and prints each round's
+images/s and the median of the per-round ratios, fused first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab as ab  # noqa: E402
+from _machine import machine_header  # noqa: E402
+from vitscope import allocator, fused_linear  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
+
+
+def inference_step(model: torch.nn.Module, batch: int, fused: bool) -> Callable[[], None]:
+    pe = model.patch_embed
+    x = torch.randn(batch, pe.in_chans, *pe.img_size)
+    shipped = fused_linear.available
+
+    def step() -> None:
+        fused_linear.available = shipped if fused else (lambda: False)
+        try:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+                model(x)
+        finally:
+            fused_linear.available = shipped
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = ab.parser(__doc__)
+    ab.add_model_sets(ap)
+    args = ap.parse_args(argv)
+    overrides = ab.model_overrides(ap, args)
+    if not fused_linear.available():
+        sys.exit("this torch build or CPU has no oneDNN bfloat16 linear: nothing to compare")
+    allocator.keep_freed_memory()  # as `vitscope eval` does
+    torch.manual_seed(0)
+    model = create_model(args.model, **overrides).eval()
+    steps = {name: inference_step(model, args.batch, name == "fused") for name in ("fused", "nn.Linear")}
+    rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
+    print(machine_header())
+    sets = "".join(f" {s}" for s in args.set)
+    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast inference forward, {args.rounds} "
+          f"alternating rounds of {args.steps} forwards\n")
+    print(ab.ratio_table(rates, "fused", "nn.Linear", "linear layers in bf16 inference"))
+
+
+if __name__ == "__main__":
+    main()
