@@ -18,7 +18,7 @@ def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
     out.write_text("## Attention (benchmarks/bench_attention.py)\n\nkept\n\n" + SECTION + "\n\nSTALE-ROW\n")
     cmd = [sys.executable, str(SCRIPT), "--quick", "--threads", "1", "--cases", "fmnist_plain",
            "--impls", "vitscope", "tutorial", "--dtypes", "float32", "--modes", "train",
-           "--train-batch", "4", "--warmup", "0", "--steps", "2", "--out", str(out)]
+           "--train-batch", "4", "--warmup", "0", "--steps", "2", "--passes", "2", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
@@ -26,4 +26,24 @@ def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| train | float32 | no |")]
     assert [row.split(" | ")[3] for row in rows] == ["vitscope", "tutorial"], rows
     assert all("1,199,882" in row for row in rows)  # the same shape in every implementation
-    assert "| fmnist_plain | train | no |" in text  # the targets table
+    targets = [line for line in text.splitlines() if line.startswith("| fmnist_plain | train | no |")]
+    assert targets  # the targets table
+    assert len(targets[0].split(" | ")[7].split()) == 2  # vitscope's ratio to the tutorial in each pass
+    assert "- passes: 2" in text
+
+
+def test_each_row_is_its_cases_median_pass():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vit", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    runs = [{"batch": 10, "times_s": [t], "pass": i} for i, t in enumerate([0.5, 0.2, 0.1])]
+    row = bench.median_pass(runs)
+    assert row["pass"] == 1 and row["passes_images_per_s"] == [20.0, 50.0, 100.0]
+    failed = {"batch": 10, "error": "out of memory"}
+    assert bench.median_pass([runs[0], failed]) is failed
