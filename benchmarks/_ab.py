@@ -46,6 +46,19 @@ def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adam
     return step
 
 
+def with_attribute(step: Callable[[], None], owner: object, name: str, value: object) -> Callable[[], None]:
+    """`step` run with `owner.name` set to `value` and put back after, so two variants of one switch
+    (a module's constant or function) can alternate in one process."""
+    def run() -> None:
+        shipped = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            step()
+        finally:
+            setattr(owner, name, shipped)
+    return run
+
+
 def alternate(steps: dict[str, Callable[[], None]], *, batch: int, rounds: int, steps_per_round: int,
               warmup: int = 3) -> dict[str, list[float]]:
     """Images/s of each variant, one figure per round; the rounds interleave the variants."""

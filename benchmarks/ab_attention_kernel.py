@@ -13,7 +13,6 @@ round's images/s and the median of the per-round ratios, explicit first.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,17 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from vitscope import attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
-
-
-def with_limit(step: Callable[[], None], max_keys: int) -> Callable[[], None]:
-    def run() -> None:
-        shipped = attention.EXPLICIT_HALF_MAX_KEYS
-        attention.EXPLICIT_HALF_MAX_KEYS = max_keys
-        try:
-            step()
-        finally:
-            attention.EXPLICIT_HALF_MAX_KEYS = shipped
-    return run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, max_keys in (("explicit", attention.EXPLICIT_HALF_MAX_KEYS), ("fused", 0)):
             torch.manual_seed(0)
             net = create_model(model, **overrides)
-            steps[name] = with_limit(ab.training_step(net, batch), max_keys)
+            steps[name] = ab.with_attribute(ab.training_step(net, batch), attention, "EXPLICIT_HALF_MAX_KEYS", max_keys)
         return steps
 
     ab.main(__doc__, "attention in bf16 training", make_steps, args=args)

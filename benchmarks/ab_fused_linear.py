@@ -26,18 +26,13 @@ from vitscope import allocator, fused_linear  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 
-def inference_step(model: torch.nn.Module, batch: int, fused: bool) -> Callable[[], None]:
+def inference_step(model: torch.nn.Module, batch: int) -> Callable[[], None]:
     pe = model.patch_embed
     x = torch.randn(batch, pe.in_chans, *pe.img_size)
-    shipped = fused_linear.available
 
     def step() -> None:
-        fused_linear.available = shipped if fused else (lambda: False)
-        try:
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-                model(x)
-        finally:
-            fused_linear.available = shipped
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x)
 
     return step
 
@@ -52,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     allocator.keep_freed_memory()  # as `vitscope eval` does
     torch.manual_seed(0)
     model = create_model(args.model, **overrides).eval()
-    steps = {name: inference_step(model, args.batch, name == "fused") for name in ("fused", "nn.Linear")}
+    step = inference_step(model, args.batch)
+    steps = {"fused": step, "nn.Linear": ab.with_attribute(step, fused_linear, "available", lambda: False)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)

@@ -66,3 +66,37 @@ def test_kept_freed_memory_against_glibc_defaults():
     assert rows[1].startswith("| kept | ") and rows[2].startswith("| default | ")
     assert "kept ÷ default, per round:" in out
     assert rows[3] == "| freed memory | page faults per step | system time per step | peak resident memory |"
+
+
+def test_fused_linear_against_nn_linear_in_inference():
+    out, rows = _table("ab_fused_linear.py", "--model", "vit_tiny_patch4_28", "--batch", "4", "--rounds", "2",
+                       "--steps", "1")
+    if "no oneDNN bfloat16 linear" in out:
+        return
+    assert rows[0] == "| linear layers in bf16 inference | images/s per round | median |"
+    assert rows[1].startswith("| fused | ") and rows[2].startswith("| nn.Linear | ")
+    assert "bfloat16 autocast inference forward" in out and "fused ÷ nn.Linear, per round:" in out
+
+
+def test_with_attribute_switches_for_the_step_and_puts_it_back():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import _ab
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    class Owner:
+        limit = 512
+
+    seen = []
+
+    def step():
+        seen.append(Owner.limit)
+        raise KeyboardInterrupt  # even a step that fails puts the value back
+
+    run = _ab.with_attribute(step, Owner, "limit", 0)
+    try:
+        run()
+    except KeyboardInterrupt:
+        pass
+    assert seen == [0] and Owner.limit == 512
