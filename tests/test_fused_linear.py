@@ -193,3 +193,21 @@ def test_a_conv_stem_keeps_the_patch_conv(calls):
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
         model.patch_embed(torch.randn(2, 1, 28, 28))
     assert calls == []
+
+
+def test_a_replaced_fc1_runs_its_own_forward(calls):
+    ran = []
+
+    class Adapter(nn.Linear):  # a subclass with its own forward, as adapters and LoRA layers have
+        def forward(self, x):
+            ran.append(x.shape)
+            return 2 * super().forward(x)
+
+    torch.manual_seed(0)
+    mlp = Mlp(48, 96).eval()
+    x = torch.randn(2, 48)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        mlp(x)
+        mlp.fc1 = Adapter(48, 96)
+        mlp(x)
+    assert calls.count("gelu") == 1 and ran == [(2, 48)]  # fused before the swap, the adapter's forward after

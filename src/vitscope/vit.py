@@ -89,7 +89,8 @@ class PatchEmbed(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         self.check(x)
         w, b = self.proj.weight, self.proj.bias
-        if self.stem is None and not (_has_hooks(self.proj) or _has_global_hooks()) and fused_linear.fusable(x, w, b):
+        plain_conv = type(self.proj) is nn.Conv2d and not (_has_hooks(self.proj) or _has_global_hooks())
+        if self.stem is None and plain_conv and fused_linear.fusable(x, w, b):
             # bfloat16 inference: the stride-P conv is a linear map of each flattened patch; oneDNN's
             # fused linear runs it 2-3x faster than its conv, with the same weights (fused_linear.py)
             p = self.patch_size
@@ -115,7 +116,7 @@ class Mlp(nn.Module):
 
     def _gelu_fusable(self, x: Tensor) -> bool:
         inner = (self.fc1, self.act, self.drop1)
-        return (type(self.act) is nn.GELU and self.act.approximate == "none" and isinstance(self.fc1, nn.Linear)
+        return (type(self.act) is nn.GELU and self.act.approximate == "none" and type(self.fc1) is Linear
                 and not (self.drop1.training and self.drop1.p > 0)
                 and fused_linear.fusable(x, self.fc1.weight, self.fc1.bias)
                 and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
