@@ -17,6 +17,7 @@ fresh Python process, so its peak memory is its own; each process keeps its free
 `vitscope eval` does (vitscope/allocator.py; `--malloc default` for glibc's own behaviour).
 
     .venv/bin/python benchmarks/bench_vit.py                          # full run, ~20-25 min on 2 cores
+    .venv/bin/python benchmarks/bench_vit.py --passes 3               # every case 3 times, median pass (~40 min)
     .venv/bin/python benchmarks/bench_vit.py --no-compile             # skip the torch.compile rows
     .venv/bin/python benchmarks/bench_vit.py --quick                  # smoke run: small batches, few steps
     .venv/bin/python benchmarks/bench_vit.py --out benchmarks/RESULTS.md
