@@ -94,6 +94,17 @@ def test_float32_and_float16_keep_f_linear_exactly(calls):
     assert calls == []
 
 
+def test_oneDNN_switched_off_keeps_f_linear(calls):
+    layer = _layer()
+    x = torch.randn(4, 48)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert not fused_linear.fusable(x, layer.weight, layer.bias)
+            layer(x)
+        assert fused_linear.fusable(x, layer.weight, layer.bias)
+    assert calls == []
+
+
 def test_bfloat16_weights_without_autocast_fuse_and_mixed_dtypes_keep_torchs_error(calls):
     layer = _layer().to(BF16)
     x = torch.randn(4, 48)

@@ -48,6 +48,8 @@ def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing():  # traced graphs keep the portable ops
         return False
+    if not torch.backends.mkldnn.enabled:  # the user switched oneDNN off (torch.backends.mkldnn.flags)
+        return False
     if torch.is_autocast_enabled("cpu"):
         if torch.get_autocast_dtype("cpu") != torch.bfloat16 or not x.is_floating_point():
             return False
