@@ -94,6 +94,7 @@ def test_float32_and_float16_keep_f_linear_exactly(calls):
     assert calls == []
 
 
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")  # torch's, from setting the flags
 def test_oneDNN_switched_off_keeps_f_linear(calls):
     layer = _layer()
     x = torch.randn(4, 48)
