@@ -1,14 +1,17 @@
-"""A/B: bfloat16 inference with oneDNN's fused linear (bias and GELU in the matmul) against nn.Linear's path.
+"""A/B: bfloat16 with oneDNN's fused linear (bias, and in inference GELU, in the matmul) against nn.Linear's path.
 
     python benchmarks/ab_fused_linear.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_fused_linear.py --model vit_small_patch16_224 --batch 64 --steps 3
+    python benchmarks/ab_fused_linear.py --training --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
 
 vitscope's linear layers and MLP (vitscope/fused_linear.py) run oneDNN's linear with the bias, and
 for fc1 the GELU, applied to the float32 accumulator, wherever nothing needs gradients and the compute
-dtype is bfloat16. This times one model's inference forwards (`torch.inference_mode`, bfloat16
-autocast, a fixed random batch) with the fused kernel and with it switched off (`nn.Linear`'s
-`addmm` and a separate GELU), in alternating rounds in one process, and prints each round's
-images/s and the median of the per-round ratios, fused first.
+dtype is bfloat16; in training, the same kernel runs the forward of every linear layer (and the patch
+embedding) and the backward is addmm's. This times one model's inference forwards (`torch.inference_mode`,
+bfloat16 autocast, a fixed random batch), or with `--training` its training steps (benchmarks/_ab.py), with
+the fused kernel and with it switched off (`nn.Linear`'s `addmm`, a separate GELU, the patch conv), in
+alternating rounds in one process, and prints each round's images/s and the median of the per-round
+ratios, fused first.
 """
 
 from __future__ import annotations
@@ -40,21 +43,26 @@ def inference_step(model: torch.nn.Module, batch: int) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ab.add_model_sets(ap)
+    ap.add_argument("--training", action="store_true", help="time training steps instead of inference forwards")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     if not fused_linear.available():
         sys.exit("this torch build or CPU has no oneDNN bfloat16 linear: nothing to compare")
     allocator.keep_freed_memory()  # as `vitscope eval` does
     torch.manual_seed(0)
-    model = create_model(args.model, **overrides).eval()
-    step = inference_step(model, args.batch)
+    model = create_model(args.model, **overrides)
+    if args.training:
+        step = ab.training_step(model, args.batch)
+    else:
+        step = inference_step(model.eval(), args.batch)
     steps = {"fused": step, "nn.Linear": ab.with_attribute(step, fused_linear, "available", lambda: False)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
-    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast inference forward, {args.rounds} "
-          f"alternating rounds of {args.steps} forwards\n")
-    print(ab.ratio_table(rates, "fused", "nn.Linear", "linear layers in bf16 inference"))
+    what = ("training step", "steps") if args.training else ("inference forward", "forwards")
+    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what[0]}, {args.rounds} "
+          f"alternating rounds of {args.steps} {what[1]}\n")
+    print(ab.ratio_table(rates, "fused", "nn.Linear", f"linear layers in bf16 {what[0].split()[0]}"))
 
 
 if __name__ == "__main__":

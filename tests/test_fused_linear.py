@@ -1,5 +1,6 @@
-"""oneDNN's fused linear (bias and GELU inside the matmul) for bfloat16 inference: when it runs, and
-that it gives nn.Linear's and F.gelu's numbers to bfloat16 rounding, checked against float64."""
+"""oneDNN's fused linear (bias, and in inference GELU, inside the matmul) in bfloat16: when it runs, and
+that it gives nn.Linear's and F.gelu's numbers, and in training addmm's gradients, to bfloat16 rounding,
+checked against float64."""
 
 from __future__ import annotations
 
@@ -68,20 +69,98 @@ def test_fused_linear_is_as_close_to_float64_as_autocast_linear(shape, gelu, bia
     assert _err(out, ref) <= _err(plain, ref) * 1.01
 
 
-def test_linear_module_runs_the_kernel_only_where_no_gradient_is_needed(calls):
+def _grads(layer: nn.Linear, x: torch.Tensor, grad: torch.Tensor, forward) -> list[torch.Tensor]:
+    """Gradients of x, weight and bias after `forward(x)` and a backward of `grad`."""
+    x = x.detach().requires_grad_()
+    layer.zero_grad(set_to_none=True)
+    forward(x).backward(grad)
+    return [x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+
+
+@pytest.mark.parametrize("shape", [(37, 48), (3, 50, 48), "transposed"])
+def test_training_runs_the_kernel_with_addmms_gradients(shape, calls):
     layer = _layer()
-    x = torch.randn(4, 10, 48)
+    g = torch.Generator().manual_seed(1)
+    if shape == "transposed":
+        x = torch.randn(3, 48, 50, generator=g).transpose(1, 2)
+    else:
+        x = torch.randn(*shape, generator=g)
+    grad = torch.randn(*x.shape[:-1], 80, generator=g)
+
+    def autocast(f):
+        def run(x):
+            with torch.autocast("cpu", dtype=BF16):
+                return f(x)
+        return run
+
+    fused = _grads(layer, x, grad, autocast(layer))
+    assert calls == ["none"]  # the forward ran the kernel; the backward is matmuls
+    plain = _grads(layer, x, grad, autocast(lambda x: F.linear(x, layer.weight, layer.bias)))
+    ref = _grads(layer.double(), x.double(), grad.double(), layer)
+    layer.float()
+    for name, f, p, r in zip(["x", "weight", "bias"], fused, plain, ref):
+        assert f.dtype == p.dtype and f.shape == p.shape == r.shape, name
+        assert _err(f, r) < 0.01, name
+        assert _err(f, r) <= _err(p, r) * 1.1 + 1e-4, name  # as close to float64 as addmm's backward
+
+
+def test_training_computes_only_the_gradients_asked_for(calls):
+    layer = _layer()
+    layer.weight.requires_grad_(False)
+    x = torch.randn(5, 48, requires_grad=True)
     with torch.autocast("cpu", dtype=BF16):
-        out = layer(x)  # training: parameters require grad, so F.linear and its backward
-        assert calls == []
-        out.float().sum().backward()
-        assert layer.weight.grad is not None
+        layer(x).float().sum().backward()
+    assert calls == ["none"]
+    assert layer.weight.grad is None and layer.bias.grad is not None and x.grad is not None
+    assert torch.allclose(layer.bias.grad, torch.full((80,), 5.0))
+    with torch.autocast("cpu", dtype=BF16):
+        layer(torch.randn(5, 48)).float().sum().backward()  # only the bias wants a gradient
+    assert calls == ["none", "none"] and torch.allclose(layer.bias.grad, torch.full((80,), 10.0))
+
+
+def test_double_backward_matches_addmms():
+    layer = _layer()
+    x = torch.randn(6, 48)
+
+    def second_order(f):
+        layer.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=BF16):
+            out = f(xr)
+        (gx,) = torch.autograd.grad((out.float() ** 2).sum(), xr, create_graph=True)
+        (gx.float() ** 2).sum().backward()
+        return layer.weight.grad.clone()
+
+    fused = second_order(layer)
+    plain = second_order(lambda x: F.linear(x, layer.weight, layer.bias))
+    assert (fused - plain).abs().max() <= 0.02 * plain.abs().max()
+
+
+def test_forward_ad_and_torch_func_keep_f_linear(calls):
+    import torch.autograd.forward_ad as fwAD
+
+    layer = _layer()
+    x = torch.randn(4, 48)
+    with torch.autocast("cpu", dtype=BF16), fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        tangent = fwAD.unpack_dual(layer(dual)).tangent
+    assert tangent is not None and calls == []
+    with torch.autocast("cpu", dtype=BF16):
+        g = torch.func.grad(lambda x: layer(x).float().sum())(x)
+    assert calls == [] and torch.allclose(g, layer.weight.sum(0), atol=0.05)
+
+
+def test_the_gelu_is_fused_only_where_no_gradient_is_needed(calls):
+    mlp = Mlp(48, 96)
+    x = torch.randn(2, 48)
+    with torch.autocast("cpu", dtype=BF16):
+        mlp(x).float().sum().backward()
+        assert calls == ["none", "none"]  # fc1 and fc2 fused, the GELU on its own (its backward needs fc1's output)
+        with pytest.raises(ValueError, match="inference only"):
+            fused_linear.linear(x, mlp.fc1.weight, mlp.fc1.bias, gelu=True)
         with torch.no_grad():
-            layer(x)
-        with torch.inference_mode():
-            fused = layer(x)
-    assert calls == ["none", "none"]
-    assert (fused.float() - out.detach().float()).abs().max() < 0.05
+            mlp(x)
+    assert calls[2:] == ["gelu", "none"]
 
 
 def test_float32_and_float16_keep_f_linear_exactly(calls):
@@ -223,3 +302,26 @@ def test_a_replaced_fc1_runs_its_own_forward(calls):
         mlp.fc1 = Adapter(48, 96)
         mlp(x)
     assert calls.count("gelu") == 1 and ran == [(2, 48)]  # fused before the swap, the adapter's forward after
+
+
+def test_vit_training_gradients_match_the_unfused_model(calls, monkeypatch):
+    torch.manual_seed(0)
+    cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4)
+    model = VisionTransformer(cfg)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+
+    def grads() -> dict[str, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=BF16):
+            F.cross_entropy(model(x), y).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fused = grads()
+    # the patch embedding, qkv/proj/fc1/fc2 of the first block, qkv/proj of the last (its MLP reads only the
+    # class token: the same kernel, fewer rows), the head; no GELU is fused in training
+    assert calls == ["none"] * (1 + 4 + 4 + 1)
+    monkeypatch.setattr(fused_linear, "available", lambda: False)
+    plain = grads()
+    assert fused.keys() == plain.keys() and all(g.abs().sum() > 0 for g in fused.values())
+    for name in fused:  # addmm also adds the bias to the float32 accumulator: the same numbers, up to sum order
+        assert (fused[name] - plain[name]).abs().max() <= 0.002 * plain[name].abs().max(), name

@@ -1,20 +1,25 @@
-"""Linear layers whose bias and GELU run inside oneDNN's matmul, for bfloat16 inference on CPU.
+"""Linear layers whose bias (and, in inference, GELU) run inside oneDNN's matmul, for bfloat16 on CPU.
 
 `nn.Linear` under bfloat16 autocast calls `addmm`, which first copies the bias into every row of
 the output and then multiplies into it; the MLP's GELU then reads and writes the whole hidden
 activation once more. oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`, the kernel that
 torch.compile's CPU backend emits for the same pattern) adds the bias and applies GELU to the
 float32 accumulator and rounds once, in the matmul's own pass. That is also a little closer to the
-exact result: the unfused path rounds to bfloat16 before the bias and again before the GELU.
+exact result: the unfused path rounds to bfloat16 before the GELU.
 
-The kernel has no backward, so it runs only where nothing asks for gradients (`torch.inference_mode`,
-`torch.no_grad`, or inputs and weights that do not require them), on CPU tensors, in bfloat16
-(under CPU autocast, or with bfloat16 input and weights), and never while torch.compile or
-torch.jit.trace records a graph. In float32 it measured no faster, so float32 keeps `F.linear`.
+The kernel has no backward of its own. Where autograd records the call (training), `linear` wraps it
+in an autograd function whose backward is addmm's (x's gradient g W, the weight's gᵀ x, the bias's
+the column sums of g, each only if asked for), so gradients are the same numbers; the GELU then stays
+a separate op, since its backward needs fc1's output before it. Calls that forward-mode AD or
+torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat16 (under CPU
+autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
+records a graph. In float32 it measured no faster, so float32 keeps `F.linear`.
+
 Measured on a Xeon with AMX, 2 threads, input (12800, 128) (bench_vit.py's Fashion-MNIST shape):
 128 -> 512 took 0.67 ms against nn.Linear's 0.91, and with the GELU 1.69 against 2.08. Whole bfloat16
 inference forwards (benchmarks/ab_fused_linear.py, with the patch embedding run as a linear too):
-1.16x on that shape, 1.20x on ViT-S/16, 1.05x on the vit_fmnist_quick preset.
+1.16x on that shape, 1.20x on ViT-S/16, 1.05x on the vit_fmnist_quick preset; training steps on that
+shape (`--training`): 1.04x.
 """
 
 from __future__ import annotations
@@ -39,11 +44,25 @@ def available() -> bool:
         return False
 
 
-def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
-    """Whether `linear(x, weight, bias)` may run the fused kernel and give what `F.linear` would."""
-    grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if grads and torch.is_grad_enabled():
+def needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether autograd will record `linear(x, weight, bias)`."""
+    wants = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    return wants and torch.is_grad_enabled()
+
+
+def _transformed(t: Tensor | None) -> bool:
+    """A forward-mode dual tensor or one wrapped by torch.func (vmap, grad): the kernel's autograd
+    function has no rules for those, so such calls keep F.linear."""
+    if t is None:
         return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return True
+    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
+
+def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `linear(x, weight, bias)` may run the fused kernel and give what `F.linear` would, with or
+    without autograd recording it."""
     if x.device.type != "cpu" or weight.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing():  # traced graphs keep the portable ops
@@ -55,22 +74,58 @@ def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
             return False
     elif not (x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)):
         return False
+    if needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)):
+        return False
     return available()
+
+
+class _LinearWithGrad(torch.autograd.Function):
+    """The fused kernel forward (bias inside the matmul); the backward is AddmmBackward's matmuls."""
+
+    @staticmethod
+    def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return _KERNEL(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])  # (M, out), M = all leading dims
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = (g @ weight).view(x.shape)  # (M, in)
+        if ctx.needs_input_grad[1]:
+            gw = g.t() @ x.reshape(-1, x.shape[-1])  # (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g.sum(0)
+        return gx, gw, gb
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
     """x (..., in) -> (..., out) in bfloat16: x Wᵀ + b, then exact (erf) GELU if `gelu`.
 
-    Call it only where `fusable(x, weight, bias)`; it casts as bfloat16 autocast would."""
+    Call it only where `fusable(x, weight, bias)`; it casts as bfloat16 autocast would. Where autograd
+    records the call, the GELU cannot be fused (its backward needs the pre-activation) and `gelu`
+    must be False."""
     dt = torch.bfloat16
+    x, weight = x.to(dt), weight.to(dt)
     bias = None if bias is None else bias.to(dt)
+    if needs_grad(x, weight, bias):
+        if gelu:
+            raise ValueError("fused_linear.linear: gelu=True is for inference only; apply F.gelu after it")
+        return _LinearWithGrad.apply(x, weight, bias)
     if gelu:
-        return _KERNEL(x.to(dt), weight.to(dt), bias, "gelu", [], "none")
-    return _KERNEL(x.to(dt), weight.to(dt), bias, "none", [], "")
+        return _KERNEL(x, weight, bias, "gelu", [], "none")
+    return _KERNEL(x, weight, bias, "none", [], "")
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` that adds its bias inside oneDNN's matmul where `fusable` allows.
+    """`nn.Linear` that adds its bias inside oneDNN's matmul where `fusable` allows, in inference and training.
 
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 

@@ -91,8 +91,8 @@ class PatchEmbed(nn.Module):
         w, b = self.proj.weight, self.proj.bias
         plain_conv = type(self.proj) is nn.Conv2d and not (_has_hooks(self.proj) or _has_global_hooks())
         if self.stem is None and plain_conv and fused_linear.fusable(x, w, b):
-            # bfloat16 inference: the stride-P conv is a linear map of each flattened patch; oneDNN's
-            # fused linear runs it 2-3x faster than its conv, with the same weights (fused_linear.py)
+            # bfloat16: the stride-P conv is a linear map of each flattened patch; oneDNN's fused
+            # linear runs it 2-3x faster than its conv, with the same weights (fused_linear.py)
             p = self.patch_size
             patches = rearrange(x.to(torch.bfloat16), "b c (h p) (w q) -> b (h w) (c p q)", p=p, q=p)
             return fused_linear.linear(patches, w.reshape(w.shape[0], -1), b)  # (B, N, D)
@@ -119,6 +119,7 @@ class Mlp(nn.Module):
         return (type(self.act) is nn.GELU and self.act.approximate == "none" and type(self.fc1) is Linear
                 and not (self.drop1.training and self.drop1.p > 0)
                 and fused_linear.fusable(x, self.fc1.weight, self.fc1.bias)
+                and not fused_linear.needs_grad(x, self.fc1.weight, self.fc1.bias)
                 and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
 
     def forward(self, x: Tensor) -> Tensor:
