@@ -1,5 +1,5 @@
-"""benchmarks/ab_*.py and profile_step.py on tiny settings: each builds its variants, runs them and prints
-its table. Smoke tests of the scripts, not timings."""
+"""benchmarks/ab_*.py, ablate_step.py and profile_step.py on tiny settings: each builds its variants, runs
+them and prints its table. Smoke tests of the scripts, not timings."""
 
 from __future__ import annotations
 
@@ -100,3 +100,19 @@ def test_with_attribute_switches_for_the_step_and_puts_it_back():
     except KeyboardInterrupt:
         pass
     assert seen == [0] and Owner.limit == 512
+
+
+def test_fused_linear_against_nn_linear_in_training():
+    out, rows = _table("ab_fused_linear.py", "--training", "--model", "vit_tiny_patch4_28", "--batch", "4",
+                       "--rounds", "2", "--steps", "1")
+    assert rows[0] == "| linear layers in bf16 training | images/s per round | median |"
+    assert "bfloat16 autocast training step" in out and "fused ÷ nn.Linear, per round:" in out
+
+
+def test_ablation_times_the_step_without_each_part():
+    out, rows = _table("ablate_step.py", "--model", "vit_tiny_patch4_28", "--set", "depth=2", "--batch", "4",
+                       "--rounds", "2", "--steps", "1")
+    assert rows[0].startswith("| variant | images/s per round | ms a step (median) |")
+    names = [row.split(" | ")[0].lstrip("| ") for row in rows[1:]]
+    assert names == ["whole step", "without gelu", "without layernorm", "without attention_core", "without mlp"]
+    assert all(len(row.split(" | ")[1].split()) == 2 for row in rows[1:])  # one figure per round
