@@ -1,5 +1,5 @@
-"""benchmarks/ab_*.py, ablate_step.py and profile_step.py on tiny settings: each builds its variants, runs
-them and prints its table. Smoke tests of the scripts, not timings."""
+"""benchmarks/ab_*.py, ablate_step.py, profile_step.py and softmax_bound.py on tiny settings: each runs
+and prints its table. Smoke tests of the scripts, not timings."""
 
 from __future__ import annotations
 
@@ -116,3 +116,10 @@ def test_ablation_times_the_step_without_each_part():
     names = [row.split(" | ")[0].lstrip("| ") for row in rows[1:]]
     assert names == ["whole step", "without gelu", "without layernorm", "without attention_core", "without mlp"]
     assert all(len(row.split(" | ")[1].split()) == 2 for row in rows[1:])  # one figure per round
+
+
+def test_softmax_bound_prints_a_row_per_dtype():
+    out, rows = _table("softmax_bound.py")
+    assert rows[0].startswith("| dtype | exp rate, G elements/s |")
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| float32", "| bfloat16"]
+    assert all(float(row.split(" | ")[1]) > 0 for row in rows[1:])
