@@ -18,8 +18,9 @@ records a graph. In float32 it measured no faster, so float32 keeps `F.linear`.
 Measured on a Xeon with AMX, 2 threads, input (12800, 128) (bench_vit.py's Fashion-MNIST shape):
 128 -> 512 took 0.67 ms against nn.Linear's 0.91, and with the GELU 1.69 against 2.08. Whole bfloat16
 inference forwards (benchmarks/ab_fused_linear.py, with the patch embedding run as a linear too):
-1.16x on that shape, 1.20x on ViT-S/16, 1.05x on the vit_fmnist_quick preset; training steps on that
-shape (`--training`): 1.04x.
+1.16x on that shape, 1.20x on ViT-S/16, 1.05x on the vit_fmnist_quick preset; training steps
+(`--training`): 1.04x on that shape, 0.99x (within noise) on the quick preset, whose linears have half
+the rows and whose conv stem keeps the patch conv.
 """
 
 from __future__ import annotations
