@@ -4,14 +4,13 @@
     python benchmarks/ab_fused_linear.py --model vit_small_patch16_224 --batch 64 --steps 3
     python benchmarks/ab_fused_linear.py --training --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
 
-vitscope's linear layers and MLP (vitscope/fused_linear.py) run oneDNN's linear with the bias, and
-for fc1 the GELU, applied to the float32 accumulator, wherever nothing needs gradients and the compute
-dtype is bfloat16; in training, the same kernel runs the forward of every linear layer (and the patch
-embedding) and the backward is addmm's. This times one model's inference forwards (`torch.inference_mode`,
-bfloat16 autocast, a fixed random batch), or with `--training` its training steps (benchmarks/_ab.py), with
-the fused kernel and with it switched off (`nn.Linear`'s `addmm`, a separate GELU, the patch conv), in
-alternating rounds in one process, and prints each round's images/s and the median of the per-round
-ratios, fused first.
+vitscope's linear layers and patch embedding (vitscope/fused_linear.py) run oneDNN's linear with the
+bias applied to the float32 accumulator wherever the compute dtype is bfloat16; where nothing needs
+gradients fc1's GELU is fused too, and in training the backward is addmm's. This times one model's
+inference forwards (`torch.inference_mode`, bfloat16 autocast, a fixed random batch), or with
+`--training` its training steps (benchmarks/_ab.py), with the fused kernel and with it switched off
+(`nn.Linear`'s `addmm`, a separate GELU, the patch conv), in alternating rounds in one process, and
+prints each round's images/s and the median of the per-round ratios, fused first.
 """
 
 from __future__ import annotations
