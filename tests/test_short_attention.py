@@ -1,0 +1,167 @@
+"""vitscope's C attention kernel (short bfloat16 sequences, inference) against float64 and PyTorch's kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitscope import native, short_attention
+from vitscope.attention import attend
+from vitscope.models import create_model
+
+needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"kernel unavailable: {native.why_not()}")
+BF = torch.bfloat16
+
+
+def _qkv(b, h, nq, nk, d, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, h, nq, d, generator=gen) * 1.5).to(BF)
+    k = (torch.randn(b, h, nk, d, generator=gen) * 1.5).to(BF)
+    v = torch.randn(b, h, nk, d, generator=gen).to(BF)
+    return q, k, v
+
+
+def _err(out, q, k, v, scale=None):
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale)
+    return (out.double() - ref).abs().max().item()
+
+
+@needs_kernel
+@pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 32), (15, 16, 32),
+                                     (16, 17, 64), (33, 31, 96), (64, 256, 128), (100, 255, 32), (17, 33, 64)])
+def test_matches_float64_as_closely_as_pytorch(nq, nk, d):
+    q, k, v = _qkv(2, 3, nq, nk, d)
+    with torch.inference_mode():
+        ours = short_attention.attend(q, k, v)
+        theirs = F.scaled_dot_product_attention(q, k, v)
+    assert ours.shape == theirs.shape == (2, 3, nq, d)
+    # Both round the output to bfloat16 once: the kernel's error is that rounding, like PyTorch's.
+    assert _err(ours, q, k, v) <= 1.25 * _err(theirs, q, k, v) + 1e-3
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+def test_strided_views_of_qkv_and_scale():
+    b, n, h, d = 4, 50, 4, 32
+    qkv = torch.randn(b, n, 3, h, d, generator=torch.Generator().manual_seed(1)).to(BF)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # non-contiguous (B, H, N, D), as the model splits
+    with torch.inference_mode():
+        out = short_attention.attend(q, k, v, scale=0.3)
+    assert _err(out, q, k, v, scale=0.3) <= 1.25 * _err(F.scaled_dot_product_attention(q, k, v, scale=0.3),
+                                                        q, k, v, scale=0.3) + 1e-3
+    assert out.transpose(1, 2).is_contiguous()  # written in the (B, N, H, D) layout the projection reads
+
+
+@needs_kernel
+def test_large_scores_and_one_hot_softmax():
+    q, k, v = _qkv(1, 2, 20, 40, 32)
+    q = q * 40  # scores in the thousands: the softmax is one-hot, as exp must not overflow
+    with torch.inference_mode():
+        out = short_attention.attend(q, k, v)
+    assert torch.isfinite(out).all()
+    assert _err(out, q, k, v) < 2e-2
+
+
+@needs_kernel
+def test_thread_count_does_not_change_the_result():
+    q, k, v = _qkv(5, 3, 50, 50, 32)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            many = short_attention.attend(q, k, v)
+            torch.set_num_threads(1)
+            one = short_attention.attend(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(many, one)
+
+
+@needs_kernel
+def test_attend_routes_only_what_the_kernel_computes_exactly():
+    q, k, v = _qkv(2, 2, 50, 50, 32)
+    with torch.inference_mode():
+        assert short_attention.usable(q, k, v)
+        assert attend(q, k, v).transpose(1, 2).is_contiguous()  # the kernel's layout
+    assert not short_attention.usable(q.float(), k.float(), v.float())
+    assert not short_attention.usable(*_qkv(1, 1, 8, 257, 32))  # more keys than the kernel holds
+    assert not short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # head dim not a multiple of 32
+    qg = q.clone().requires_grad_()
+    assert not short_attention.usable(qg, k, v)  # training keeps PyTorch's path, with its backward
+    with torch.no_grad():
+        assert short_attention.usable(qg, k, v)
+        mask = torch.rand(2, 1, 50, 50) > 0.3
+        masked = attend(q, k, v, mask=mask)  # masks and causal keep PyTorch's kernel
+        torch.testing.assert_close(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        torch.testing.assert_close(attend(q, k, v, causal=True),
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+@needs_kernel
+def test_vit_inference_matches_pytorch_kernel():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0).eval()
+    x = torch.randn(8, 1, 28, 28)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
+        ours = model(x).float()
+        usable = short_attention.usable
+        short_attention.usable = lambda *a: False
+        try:
+            theirs = model(x).float()
+        finally:
+            short_attention.usable = usable
+    with torch.inference_mode():
+        ref = model.double()(x.double()).float()
+    assert (ours - ref).abs().max() <= 1.5 * (theirs - ref).abs().max() + 1e-2
+
+
+def test_switched_off_by_environment():
+    code = "from vitscope import native; print(native.library() is None, native.why_not())"
+    env = {**os.environ, "VITSCOPE_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True switched off by VITSCOPE_NATIVE=0"
+
+
+def test_unavailable_kernel_raises_a_clear_error(monkeypatch):
+    monkeypatch.setattr(native, "library", lambda: None)
+    monkeypatch.setattr(native, "why_not", lambda: "this CPU lacks amx_bf16")
+    q, k, v = _qkv(1, 1, 4, 4, 32)
+    assert not short_attention.usable(q, k, v)
+    with pytest.raises(RuntimeError, match="lacks amx_bf16"):
+        short_attention.attend(q, k, v)
+    with torch.inference_mode():  # and attend() keeps PyTorch's kernel
+        torch.testing.assert_close(attend(q, k, v), F.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
+def test_build_caches_by_source_and_reports_compiler_errors(tmp_path):
+    src = tmp_path / "tiny.c"
+    src.write_text("int vs_answer(void) { return 42; }\n")
+    first = native.build(src, out_dir=tmp_path / "cache")
+    assert native.build(src, out_dir=tmp_path / "cache") == first  # built once
+    import ctypes
+    assert ctypes.CDLL(str(first)).vs_answer() == 42
+    src.write_text("int vs_answer(void) { return 43; }\n")
+    assert native.build(src, out_dir=tmp_path / "cache") != first  # an edited source builds afresh
+    src.write_text("int vs_answer(void) { return }\n")
+    with pytest.raises(RuntimeError, match="could not build tiny.c"):
+        native.build(src, out_dir=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no half-written files
+
+
+def test_build_without_a_compiler(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        native.build(tmp_path / "x.c")
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "c"))
+    assert native.cache_dir() == tmp_path / "c" / "native"
+    monkeypatch.delenv("VITSCOPE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert native.cache_dir() == tmp_path / "x" / "vitscope" / "native"
