@@ -2,15 +2,17 @@
 
     python benchmarks/ab_short_attention.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_short_attention.py --model vit_small_patch16_224 --batch 64 --steps 3
+    python benchmarks/ab_short_attention.py --training --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_short_attention.py --attention-only
 
-vitscope/short_attention.py runs its own AMX kernel (vitscope/native/short_attention.c) for bfloat16
-inference attention with at most 256 keys. This times one model's inference forwards
-(`torch.inference_mode`, bfloat16 autocast, a fixed random batch) with the kernel and with it switched
-off (F.scaled_dot_product_attention), in alternating rounds in one process, and prints each round's
-images/s and the median of the per-round ratios, kernel first. `--attention-only` times the attention
-call alone at the two benchmark shapes instead, with q, k and v strided views of one qkv tensor as in
-the model, and checks both against float64.
+vitscope/short_attention.py runs its own AMX kernels (vitscope/native/short_attention.c) for bfloat16
+attention with at most 256 keys. This times one model's inference forwards (`torch.inference_mode`,
+bfloat16 autocast, a fixed random batch), or with `--training` its training steps (benchmarks/_ab.py),
+with the kernels and with them switched off (PyTorch's flash kernel in inference, the explicit softmax
+path in training), in alternating rounds in one process, and prints each round's images/s and the
+median of the per-round ratios, kernels first. `--attention-only` times the attention call alone at
+the two benchmark shapes instead, forward in inference and forward with backward, with q, k and v
+strided views of one qkv tensor as in the model, and checks the outputs against float64.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ab.add_model_sets(ap)
     ap.add_argument("--attention-only", action="store_true", help="time the attention call alone at two shapes")
+    ap.add_argument("--training", action="store_true", help="time training steps instead of inference forwards")
     args = ap.parse_args(argv)
     if native.library() is None:
         sys.exit(f"vitscope's attention kernel cannot run here: {native.why_not()}")
@@ -77,15 +80,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     overrides = ab.model_overrides(ap, args)
     torch.manual_seed(0)
-    model = create_model(args.model, **overrides).eval()
-    step = inference_step(model, args.batch)
-    steps = {"kernel": step, "flash": ab.with_attribute(step, short_attention, "usable", lambda *a: False)}
+    model = create_model(args.model, **overrides)
+    step = ab.training_step(model, args.batch) if args.training else inference_step(model.eval(), args.batch)
+    other = "explicit" if args.training else "flash"
+    steps = {"kernel": step, other: ab.with_attribute(step, short_attention, "usable", lambda *a: False)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
-    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast inference forward, {args.rounds} "
-          f"alternating rounds of {args.steps} forwards\n")
-    print(ab.ratio_table(rates, "kernel", "flash", "attention in bf16 inference"))
+    what = ("training step", "steps") if args.training else ("inference forward", "forwards")
+    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what[0]}, {args.rounds} "
+          f"alternating rounds of {args.steps} {what[1]}\n")
+    print(ab.ratio_table(rates, "kernel", other, f"attention in bf16 {what[0].split()[0]}"))
 
 
 if __name__ == "__main__":

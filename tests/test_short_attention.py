@@ -91,9 +91,11 @@ def test_attend_routes_only_what_the_kernel_computes_exactly():
     assert not short_attention.usable(*_qkv(1, 1, 8, 257, 32))  # more keys than the kernel holds
     assert not short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # head dim not a multiple of 32
     qg = q.clone().requires_grad_()
-    assert not short_attention.usable(qg, k, v)  # training keeps PyTorch's path, with its backward
+    assert short_attention.usable(qg, k, v)  # training too, with the kernel's backward
+    long_q = _qkv(1, 1, 300, 8, 32)[0].requires_grad_()
+    assert not short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])  # the backward holds 256 queries
     with torch.no_grad():
-        assert short_attention.usable(qg, k, v)
+        assert short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])
         mask = torch.rand(2, 1, 50, 50) > 0.3
         masked = attend(q, k, v, mask=mask)  # masks and causal keep PyTorch's kernel
         torch.testing.assert_close(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
@@ -117,6 +119,88 @@ def test_vit_inference_matches_pytorch_kernel():
     with torch.inference_mode():
         ref = model.double()(x.double()).float()
     assert (ours - ref).abs().max() <= 1.5 * (theirs - ref).abs().max() + 1e-2
+
+
+def _grads(fn, q, k, v, g):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(g)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _explicit_bf16(q, k, v):  # attend's training path without the kernels
+    w = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1, dtype=q.dtype)
+    return w @ v
+
+
+@needs_kernel
+@pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (197, 197, 64), (1, 50, 32), (17, 33, 64), (40, 7, 96),
+                                     (256, 256, 128), (16, 16, 32)])
+def test_gradients_match_float64_better_than_the_explicit_path(nq, nk, d):
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = _qkv(2, 3, nq, nk, d, seed=3)
+    g = torch.randn(2, 3, nq, d, generator=gen).to(BF)
+    ref = _grads(torch.nn.functional.scaled_dot_product_attention, q.double(), k.double(), v.double(), g.double())
+    ours = _grads(short_attention.attend, q, k, v, g)
+    explicit = _grads(_explicit_bf16, q, k, v, g)
+    for name, a, e, r in zip(("out", "dq", "dk", "dv"), ours, explicit, ref):
+        scale = r.abs().max().item()
+        assert a.dtype == BF and a.shape == r.shape, name
+        err, err_explicit = (a.double() - r).abs().max().item() / scale, (e.double() - r).abs().max().item() / scale
+        assert err <= max(err_explicit, 8e-3), (name, err, err_explicit)
+
+
+@needs_kernel
+def test_gradients_through_qkv_views_and_a_strided_output_gradient():
+    b, n, h, d = 3, 50, 4, 32
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(b, n, 3 * h * d, generator=gen).to(BF)
+    g = torch.randn(b, n, h * d * 2, generator=gen).to(BF)[..., ::2]  # a non-contiguous gradient
+
+    def model(qkv_, use):
+        q, k, v = qkv_.view(b, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        out = short_attention.attend(q, k, v) if use else _explicit_bf16(q.double(), k.double(), v.double())
+        return out.transpose(1, 2).reshape(b, n, h * d)
+
+    x = qkv.clone().requires_grad_()
+    model(x, True).backward(g)
+    ref = qkv.double().requires_grad_()
+    model(ref, False).backward(g.double())
+    assert (x.grad.double() - ref.grad).abs().max() / ref.grad.abs().max() < 8e-3
+
+
+@needs_kernel
+def test_double_backward_says_it_is_not_supported():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 8, 8, 32))
+    out = short_attention.attend(q, k, v)
+    (gq,) = torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gq.float().sum().backward()
+
+
+@needs_kernel
+def test_vit_training_gradients_match_the_explicit_path():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+
+    def grads(use_kernel):
+        usable = short_attention.usable
+        if not use_kernel:
+            short_attention.usable = lambda *a: False
+        try:
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=BF):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+        finally:
+            short_attention.usable = usable
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours, explicit = grads(True), grads(False)
+    for name in ours:
+        scale = explicit[name].abs().max().item() + 1e-12
+        assert (ours[name] - explicit[name]).abs().max().item() / scale < 5e-2, name
 
 
 def test_switched_off_by_environment():

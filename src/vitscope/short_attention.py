@@ -1,15 +1,20 @@
-"""Inference attention for short bfloat16 sequences on AMX CPUs, in vitscope's own C kernel.
+"""Attention for short bfloat16 sequences on AMX CPUs, in vitscope's own C kernels, forward and backward.
 
-At a ViT's sequence lengths PyTorch's flash kernel spends most of its time on per-block overhead:
-for the Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) it reaches about 100 GFLOP/s.
-`native/short_attention.c` does a whole head's scores in AMX tiles and its softmax in AVX-512 and
-writes the output straight into the (B, N, H, D) layout the projection reads.
+At a ViT's sequence lengths PyTorch's kernels spend most of their time on per-block overhead: for the
+Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) its flash kernel reaches about 100
+GFLOP/s, and training there runs the explicit softmax path, which is no faster. The kernels in
+`native/short_attention.c` do a whole head's scores in AMX tiles and its softmax in AVX-512, and
+write the output straight into the (B, N, H, D) layout the projection reads. The forward keeps each
+query's log-sum-exp for training; the backward recomputes the weights from it, flash-style, and
+returns the three gradients.
 
-`attend` runs it where it gives what F.scaled_dot_product_attention would: CPU tensors in bfloat16,
-no mask, no dropout, nothing for autograd to record, N_k <= 256 and head dims that are multiples of
-32 up to 128, last dims contiguous, outside torch.compile, tracing and torch.func. Everything else,
-and every machine where the kernel cannot be built or run (`vitscope.native.why_not()`), keeps
-PyTorch's kernel. Tests hold its output to float64 as close as PyTorch's own bfloat16 kernel.
+`attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
+bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed), head dims that
+are multiples of 32 up to 128, last dims contiguous, outside torch.compile, tracing, forward-mode AD
+and torch.func. Everything else, and every machine where the kernels cannot be built or run
+(`vitscope.native.why_not()`), keeps PyTorch's kernels. The backward is not itself differentiable
+(double backward raises). Tests hold outputs and gradients to float64 as close as PyTorch's own
+bfloat16 paths.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ MAX_KEYS = 256
 MAX_HEAD_DIM = 128
 
 
+def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether `attend(q, k, v)` may run the kernel: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
+    """Whether `attend(q, k, v)` may run the kernels: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
     if not all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.layout == torch.strided
                and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
         return False
@@ -34,25 +43,84 @@ def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
         return False
     if not (1 <= k.shape[-2] <= MAX_KEYS and d % 32 == 0 and d <= MAX_HEAD_DIM):
         return False
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or any(_transformed(t) for t in (q, k, v)):
+        return False
+    if _wants_grad(q, k, v) and nq > MAX_KEYS:
         return False
     return native.library() is not None
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
-    """softmax(scale q kᵀ) v -> (B, H, Nq, D), a view of a (B, Nq, H, D) tensor. Check `usable` first."""
+def _lib():
     lib = native.library()
     if lib is None:
-        raise RuntimeError(f"vitscope's attention kernel is not available here: {native.why_not()}")
+        raise RuntimeError(f"vitscope's attention kernels are not available here: {native.why_not()}")
+    return lib
+
+
+def _strides(*ts: Tensor) -> Tensor:
+    return torch.tensor([s for t in ts for s in t.stride()[:3]], dtype=torch.int64)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, lse: Tensor | None) -> Tensor:
     b, h, nq, d = q.shape
     out = torch.empty(b, nq, h, d, dtype=q.dtype)
-    o = out.transpose(1, 2)  # (B, H, Nq, D)
-    strides = torch.tensor([*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3]], dtype=torch.int64)
-    scale = d**-0.5 if scale is None else float(scale)
-    status = lib.vs_attention_fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), b, h, nq, k.shape[-2],
-                                  d, strides.data_ptr(), scale, torch.get_num_threads())
-    if status != 0:
-        raise ValueError(f"vitscope's attention kernel does not take q {tuple(q.shape)}, k {tuple(k.shape)}")
+    o = out.transpose(1, 2)  # (B, H, Nq, D), written in the (B, Nq, H, D) layout
+    strides = _strides(q, k, v, o)
+    status = _lib().vs_attention_fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                     None if lse is None else lse.data_ptr(), b, h, nq, k.shape[-2], d,
+                                     strides.data_ptr(), scale, torch.get_num_threads())
+    _check(status, q, k)
     return o
+
+
+def _check(status: int, q: Tensor, k: Tensor) -> None:
+    if status == -2:
+        raise MemoryError("vitscope's attention kernel could not allocate its scratch memory")
+    if status != 0:
+        raise ValueError(f"vitscope's attention kernels do not take q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+class _Attention(torch.autograd.Function):
+    """The kernel's forward, keeping the log-sum-exp; the kernel's backward."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+        lse = torch.empty(q.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
+        o = _forward(q, k, v, scale, lse)
+        ctx.save_for_backward(q, k, v, lse)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        q, k, v, lse = ctx.saved_tensors
+        if g.dtype != q.dtype:
+            g = g.to(q.dtype)
+        if g.stride(-1) != 1:
+            g = g.contiguous()
+        b, h, nq, d = q.shape
+        nk = k.shape[-2]
+        # q, k and v are usually views of one qkv tensor; their gradients go into one (B, N, 3, H, D)
+        # buffer likewise, so that the view's backward meets the layout it wants.
+        if nq == nk:
+            grads = torch.empty(b, nq, 3, h, d, dtype=q.dtype).permute(2, 0, 3, 1, 4)  # (3, B, H, N, D)
+            dq, dk, dv = grads.unbind(0)
+        else:
+            dq = torch.empty(b, nq, h, d, dtype=q.dtype).transpose(1, 2)
+            dk, dv = torch.empty(2, b, nk, h, d, dtype=q.dtype).permute(0, 1, 3, 2, 4).unbind(0)
+        strides = _strides(q, k, v, g, dq, dk, dv)
+        status = _lib().vs_attention_bwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
+                                         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, nq, nk,
+                                         d, strides.data_ptr(), ctx.scale, torch.get_num_threads())
+        _check(status, q, k)
+        return dq, dk, dv, None
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
+    """softmax(scale q kᵀ) v -> (B, H, Nq, D), a view of a (B, Nq, H, D) tensor, differentiable where
+    q, k or v need gradients. Check `usable` first."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if _wants_grad(q, k, v):
+        return _Attention.apply(q, k, v, scale)
+    return _forward(q, k, v, scale, None)

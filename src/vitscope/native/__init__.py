@@ -130,9 +130,11 @@ def _load() -> ctypes.CDLL | None:
     if lib.vs_amx_init() != 0:
         _reason = "the kernel refused AMX to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed)"
         return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.vs_attention_fwd.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, p, ctypes.c_float, ctypes.c_int]
-    lib.vs_attention_fwd.restype = ctypes.c_int
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.vs_attention_fwd.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
+    lib.vs_attention_fwd.restype = i32
+    lib.vs_attention_bwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
+    lib.vs_attention_bwd.restype = i32
     return lib
 
 

@@ -4,7 +4,7 @@
    multiples of 32 up to 128: every ViT on 224x224 images with patch 16 or larger, and the 28x28
    presets. A (batch, head)'s keys and values are repacked once into AMX's pair-interleaved layout, then
    for each block of 16 queries the scores (16 x N_k, float32) come from tile multiplies, the softmax
-   runs on them in AVX-512 (exp2 by a degree-6 polynomial and scalef, within 2 float32 ulps), the
+   runs on them in AVX-512 (exp2 by a degree-6 polynomial and scalef, within 2.4 float32 ulps), the
    unnormalised weights are rounded to bfloat16 and multiplied into v in tiles, and each output row is
    divided by its sum and rounded once. PyTorch's flash kernel spends most of its time at these sizes
    on per-block overhead; this one keeps a whole head's scores in L1.
@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
 #include <unistd.h>
 #include <sys/syscall.h>
 
@@ -37,9 +38,12 @@ static void tiles_on(void)
     _tile_loadconfig(&c);
 }
 
+/* 2^x for x <= 0, within 2.4 float32 ulps (measured over [-125, 0]); below -125 it returns about 2^-125 (not 0), so that no result is
+   ever subnormal: a subnormal result costs a microcode assist, which made the whole kernel 3x slower.
+   Callers zero the lanes that must be exactly 0. */
 static inline __m512 exp2_ps(__m512 x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(1.5353362e-4f);
@@ -80,125 +84,316 @@ static inline void transpose16(__m512i r[16])
 #define MAXK 256
 #define MAXD 128
 
-/* o = softmax(scale q k^T) v for one (batch, head). q (nq, d), k and v (nk, d), o (nq, d);
-   rows at the given strides (elements), the last dim contiguous. */
-static void one_head(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk,
-                     const uint16_t *v, int64_t sv, uint16_t *o, int64_t so,
-                     int nq, int nk, int d, float c)
+/* y (n rows, d cols, row stride sy) as the B operand of x y^T: for 16 rows and 32 cols at a time, the
+   16 x 16 transpose of (row, col pair) dwords. dst[(jb * (d / 32) + ds) * 256 + r * 16 + c]; rows
+   past n are 0. */
+static void pack_transposed(const uint16_t *y, int64_t sy, int n, int d, uint32_t *dst)
 {
-    _Alignas(64) uint32_t kp[MAXK / 16][MAXD / 32][16][16];
-    _Alignas(64) uint16_t vp[MAXK / 32][MAXD / 16][16][32];
-    _Alignas(64) uint16_t qpad[16][MAXD];
-    _Alignas(64) float s[16][MAXK];
-    _Alignas(64) uint16_t p[16][MAXK];
-    _Alignas(64) float ob[16][16];
-    float inv[16];
-    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, nds = d / 32, ndb = d / 16;
-
-    /* k as the B operand of q k^T: for 16 keys and 32 dims, the 16 x 16 transpose of (key, dim pair). */
-    for (int jb = 0; jb < njb; jb++)
+    const int nb = (n + 15) / 16, nds = d / 32;
+    for (int jb = 0; jb < nb; jb++)
         for (int ds = 0; ds < nds; ds++) {
             __m512i r[16];
-            for (int cc = 0; cc < 16; cc++) {
-                int key = jb * 16 + cc;
-                r[cc] = key < nk ? _mm512_loadu_si512(k + (int64_t)key * sk + ds * 32) : _mm512_setzero_si512();
+            for (int c = 0; c < 16; c++) {
+                int row = jb * 16 + c;
+                r[c] = row < n ? _mm512_loadu_si512(y + (int64_t)row * sy + ds * 32) : _mm512_setzero_si512();
             }
             transpose16(r);
-            for (int rr = 0; rr < 16; rr++) _mm512_store_si512(&kp[jb][ds][rr][0], r[rr]);
+            for (int rr = 0; rr < 16; rr++) _mm512_store_si512(dst + (jb * nds + ds) * 256 + rr * 16, r[rr]);
         }
-    /* v as the B operand of p v: rows 2r and 2r+1 interleaved element by element, 16 dims a tile. */
+}
+
+/* y (n rows, d cols) as the B operand of x y, the sum running over y's rows: rows 2r and 2r+1
+   interleaved element by element, 16 cols a tile. dst[(js * (d / 16) + db) * 512 + r * 32 + 2c + p];
+   rows past n are 0. */
+static void pack_pairs(const uint16_t *y, int64_t sy, int n, int d, uint16_t *dst)
+{
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
                                         39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int js = 0; js < njs; js++)
+    const int ns = (n + 31) / 32, ndb = d / 16;
+    for (int js = 0; js < ns; js++)
         for (int r = 0; r < 16; r++) {
             int k0 = js * 32 + 2 * r, k1 = k0 + 1;
             for (int e = 0; e < d / 32; e++) {
-                __m512i a = k0 < nk ? _mm512_loadu_si512(v + (int64_t)k0 * sv + e * 32) : _mm512_setzero_si512();
-                __m512i b = k1 < nk ? _mm512_loadu_si512(v + (int64_t)k1 * sv + e * 32) : _mm512_setzero_si512();
-                _mm512_store_si512(&vp[js][2 * e][r][0], _mm512_permutex2var_epi16(a, lo, b));
-                _mm512_store_si512(&vp[js][2 * e + 1][r][0], _mm512_permutex2var_epi16(a, hi, b));
+                __m512i a = k0 < n ? _mm512_loadu_si512(y + (int64_t)k0 * sy + e * 32) : _mm512_setzero_si512();
+                __m512i b = k1 < n ? _mm512_loadu_si512(y + (int64_t)k1 * sy + e * 32) : _mm512_setzero_si512();
+                _mm512_store_si512(dst + (js * ndb + 2 * e) * 512 + r * 32, _mm512_permutex2var_epi16(a, lo, b));
+                _mm512_store_si512(dst + (js * ndb + 2 * e + 1) * 512 + r * 32, _mm512_permutex2var_epi16(a, hi, b));
             }
         }
-    const int nvec = njb;                      /* 16-wide vectors per score row */
-    const __mmask16 last = (__mmask16)((1u << (nk - (nvec - 1) * 16)) - 1u);
+}
+
+/* x (rows, cols; both multiples of 32; row length lx) -> its transpose (row length ly), bfloat16. */
+static void transpose_bf16(const uint16_t *x, int64_t lx, int rows, int cols, uint16_t *y, int64_t ly)
+{
+    const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
+                                          30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    for (int i0 = 0; i0 < rows; i0 += 32)
+        for (int j0 = 0; j0 < cols; j0 += 32) {
+            __m512i a[16], b[16];
+            for (int r = 0; r < 16; r++) {
+                a[r] = _mm512_loadu_si512(x + (int64_t)(i0 + r) * lx + j0);
+                b[r] = _mm512_loadu_si512(x + (int64_t)(i0 + 16 + r) * lx + j0);
+            }
+            transpose16(a);  /* a[m]: (x[c][j0 + 2m], x[c][j0 + 2m + 1]) for c = i0 .. i0 + 15 */
+            transpose16(b);
+            for (int m = 0; m < 16; m++) {
+                _mm512_storeu_si512(y + (int64_t)(j0 + 2 * m) * ly + i0, _mm512_permutex2var_epi16(a[m], even, b[m]));
+                _mm512_storeu_si512(y + (int64_t)(j0 + 2 * m + 1) * ly + i0, _mm512_permutex2var_epi16(a[m], odd, b[m]));
+            }
+        }
+}
+
+/* Rows [i0, i0 + 16) of x (n rows, d cols, stride sx) as an A operand: the rows themselves, or, for the
+   last partial block, a zero-padded copy in pad (16 x MAXD). Sets *stride in bytes. */
+static const uint16_t *rows16(const uint16_t *x, int64_t sx, int i0, int n, int d, uint16_t *pad, int64_t *stride)
+{
+    if (n - i0 >= 16) {
+        *stride = sx * 2;
+        return x + (int64_t)i0 * sx;
+    }
+    memset(pad, 0, 16 * MAXD * 2);
+    for (int r = 0; r < n - i0; r++) memcpy(pad + r * MAXD, x + (int64_t)(i0 + r) * sx, (size_t)d * 2);
+    *stride = MAXD * 2;
+    return pad;
+}
+
+/* s[16][ls] (float32, cols < 16 * nb) = x rows (A operand, stride xs bytes) times packed y^T. */
+static void scores(const uint16_t *xa, int64_t xs, const uint32_t *yt, int nb, int d, float *s, int64_t ls)
+{
+    const int nds = d / 32;
+    for (int jb = 0; jb < nb; jb++) {
+        _tile_zero(2);
+        for (int ds = 0; ds < nds; ds++) {
+            _tile_loadd(0, xa + ds * 32, xs);
+            _tile_loadd(1, yt + (jb * nds + ds) * 256, 64);
+            _tile_dpbf16ps(2, 0, 1);
+        }
+        _tile_stored(2, s + jb * 16, ls * 4);
+    }
+}
+
+/* ob[16][16] (float32) = rows of a (bfloat16, stride as bytes, ns steps of 32 along the sum) times
+   pair-packed y's 16-col block db. */
+static void times_pairs(const uint16_t *a, int64_t as, const uint16_t *yp, int ns, int ndb, int db, float *ob)
+{
+    _tile_zero(2);
+    for (int js = 0; js < ns; js++) {
+        _tile_loadd(3, a + js * 32, as);
+        _tile_loadd(4, yp + (js * ndb + db) * 512, 64);
+        _tile_dpbf16ps(2, 3, 4);
+    }
+    _tile_stored(2, ob, 64);
+}
+
+static inline __mmask16 lanes(int n, int jv) { int left = n - jv * 16; return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
+
+/* Per-thread scratch, sized for MAXK keys, MAXK queries and MAXD dims. */
+typedef struct {
+    uint32_t kt[MAXK / 16 * MAXD / 32 * 256], vt[MAXK / 16 * MAXD / 32 * 256];
+    uint16_t kp[MAXK / 32 * MAXD / 16 * 512], qp[MAXK / 32 * MAXD / 16 * 512], dop[MAXK / 32 * MAXD / 16 * 512];
+    uint16_t p[MAXK * MAXK], dsm[MAXK * MAXK], pt[MAXK * MAXK], dst[MAXK * MAXK];
+    float s[16 * MAXK], dp[16 * MAXK], ob[16 * 16];
+    uint16_t qpad[16 * MAXD], dopad[16 * MAXD];
+} scratch_t;
+
+/* o = softmax(scale q k^T) v for one (batch, head). q (nq, d), k and v (nk, d), o (nq, d); rows at the
+   given strides (elements), the last dim contiguous. With lse, also each query's log2-sum-exp2 of
+   its scores times c = scale log2(e), for the backward. */
+static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
+                         uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+{
+    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, ndb = d / 16;
+    float *s = w->s, *ob = w->ob;
+    uint16_t *p = w->p;  /* 16 rows of MAXK */
+    float inv[16];
+    pack_transposed(k, sk, nk, d, w->kt);
+    pack_pairs(v, sv, nk, d, w->kp);
     for (int i0 = 0; i0 < nq; i0 += 16) {
         const int rows = nq - i0 < 16 ? nq - i0 : 16;
-        const uint16_t *qa = q + (int64_t)i0 * sq;
-        int64_t qstride = sq * 2;
-        if (rows < 16) {
-            memset(qpad, 0, sizeof qpad);
-            for (int r = 0; r < rows; r++) memcpy(qpad[r], q + (int64_t)(i0 + r) * sq, (size_t)d * 2);
-            qa = &qpad[0][0];
-            qstride = MAXD * 2;
-        }
-        for (int jb = 0; jb < njb; jb++) {
-            _tile_zero(2);
-            for (int ds = 0; ds < nds; ds++) {
-                _tile_loadd(0, qa + ds * 32, qstride);
-                _tile_loadd(1, &kp[jb][ds][0][0], 64);
-                _tile_dpbf16ps(2, 0, 1);
-            }
-            _tile_stored(2, &s[0][jb * 16], MAXK * 4);
-        }
+        int64_t qs;
+        const uint16_t *qa = rows16(q, sq, i0, nq, d, w->qpad, &qs);
+        scores(qa, qs, w->kt, njb, d, s, MAXK);
         const __m512 cs = _mm512_set1_ps(c);
         /* Rows past nq are skipped: whatever their weights hold only reaches their own output rows,
            which are never stored. Columns past nk get weight 0 (and v's padding rows are 0). */
         for (int r = 0; r < rows; r++) {
+            float *sr = s + r * MAXK;
             __m512 m = _mm512_set1_ps(-INFINITY);
-            for (int jv = 0; jv < nvec; jv++) {
-                __mmask16 mk = jv == nvec - 1 ? last : (__mmask16)0xffff;
-                __m512 x = _mm512_maskz_mul_ps(mk, _mm512_load_ps(&s[r][jv * 16]), cs);
-                x = _mm512_mask_blend_ps(mk, _mm512_set1_ps(-INFINITY), x);
-                _mm512_store_ps(&s[r][jv * 16], x);
+            for (int jv = 0; jv < njb; jv++) {
+                __mmask16 mk = lanes(nk, jv);
+                __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), mk, _mm512_load_ps(sr + jv * 16), cs);
+                _mm512_store_ps(sr + jv * 16, x);
                 m = _mm512_max_ps(m, x);
             }
-            const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+            const float mx = _mm512_reduce_max_ps(m);
             __m512 sum = _mm512_setzero_ps();
-            for (int jv = 0; jv < nvec; jv++) {
-                __mmask16 mk = jv == nvec - 1 ? last : (__mmask16)0xffff;
-                __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_sub_ps(_mm512_load_ps(&s[r][jv * 16]), mx)));
+            for (int jv = 0; jv < njb; jv++) {
+                __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
+                                                                                 _mm512_set1_ps(mx))));
                 sum = _mm512_add_ps(sum, e);
-                _mm256_store_si256((__m256i *)&p[r][jv * 16], (__m256i)_mm512_cvtneps_pbh(e));
+                _mm256_store_si256((__m256i *)(p + r * MAXK + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
             }
-            if (nvec & 1) _mm256_store_si256((__m256i *)&p[r][nvec * 16], _mm256_setzero_si256());
-            inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+            if (njb & 1) _mm256_store_si256((__m256i *)(p + r * MAXK + njb * 16), _mm256_setzero_si256());
+            const float total = _mm512_reduce_add_ps(sum);
+            inv[r] = 1.0f / total;
+            if (lse) lse[i0 + r] = mx + log2f(total);
         }
         for (int db = 0; db < ndb; db++) {
-            _tile_zero(2);
-            for (int js = 0; js < njs; js++) {
-                _tile_loadd(3, &p[0][js * 32], MAXK * 2);
-                _tile_loadd(4, &vp[js][db][0][0], 64);
-                _tile_dpbf16ps(2, 3, 4);
-            }
-            _tile_stored(2, &ob[0][0], 64);
+            times_pairs(p, MAXK * 2, w->kp, njs, ndb, db, ob);
             for (int r = 0; r < rows; r++) {
-                __m512 y = _mm512_mul_ps(_mm512_load_ps(ob[r]), _mm512_set1_ps(inv[r]));
+                __m512 y = _mm512_mul_ps(_mm512_load_ps(ob + r * 16), _mm512_set1_ps(inv[r]));
                 _mm256_storeu_si256((__m256i *)(o + (int64_t)(i0 + r) * so + db * 16), (__m256i)_mm512_cvtneps_pbh(y));
             }
         }
     }
 }
 
-/* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o).
-   Runs on `threads` OpenMP threads. Returns 0, or -1 when the shape is outside what the kernel handles. */
-int vs_attention_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o,
+/* The gradients of one (batch, head) from its output's gradient g (nq, d): with P = exp2(c s - lse)
+   recomputed from q and k, dv = P^T g, dP = g v^T, dS = scale P (dP - delta) with delta = rowsum(P dP),
+   dq = dS k, dk = dS^T q. */
+static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
+                          const uint16_t *g, int64_t sg, const float *lse,
+                          uint16_t *dq, int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv,
+                          int nq, int nk, int d, float c, float scale, scratch_t *w)
+{
+    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, nis = (nq + 31) / 32, ndb = d / 16;
+    const int lk = njs * 32, lq = nis * 32;  /* row lengths of P, dS (lk) and their transposes (lq) */
+    float *s = w->s, *dp = w->dp, *ob = w->ob;
+    pack_transposed(k, sk, nk, d, w->kt);
+    pack_transposed(v, sv, nk, d, w->vt);
+    pack_pairs(k, sk, nk, d, w->kp);
+    pack_pairs(q, sq, nq, d, w->qp);
+    pack_pairs(g, sg, nq, d, w->dop);
+    const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
+    for (int i0 = 0; i0 < lq; i0 += 16) {
+        uint16_t *p = w->p + (int64_t)i0 * lk, *dsm = w->dsm + (int64_t)i0 * lk;
+        const int rows = nq - i0 < 0 ? 0 : (nq - i0 < 16 ? nq - i0 : 16);
+        if (rows < 16) {  /* padding rows: zero, as they enter the sums over queries */
+            memset(p + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
+            memset(dsm + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
+        }
+        if (rows == 0) continue;
+        int64_t qs, gs;
+        const uint16_t *qa = rows16(q, sq, i0, nq, d, w->qpad, &qs), *ga = rows16(g, sg, i0, nq, d, w->dopad, &gs);
+        scores(qa, qs, w->kt, njb, d, s, MAXK);
+        scores(ga, gs, w->vt, njb, d, dp, MAXK);
+        for (int r = 0; r < rows; r++) {
+            /* delta = sum_j P dP in float32 from the recomputed weights: closer than rowsum(g o) from the
+               rounded output, where dP - delta cancels. */
+            float *sr = s + r * MAXK, *dpr = dp + r * MAXK;
+            const __m512 l = _mm512_set1_ps(lse[i0 + r]);
+            __m512 acc = _mm512_setzero_ps();
+            for (int jv = 0; jv < njb; jv++) {
+                __m512 pr = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
+                _mm512_store_ps(sr + jv * 16, pr);
+                _mm256_store_si256((__m256i *)(p + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(pr));
+                acc = _mm512_fmadd_ps(pr, _mm512_load_ps(dpr + jv * 16), acc);
+            }
+            const __m512 dl = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
+            for (int jv = 0; jv < njb; jv++) {
+                __m512 pr = _mm512_load_ps(sr + jv * 16);
+                __m512 dsr = _mm512_mul_ps(_mm512_mul_ps(pr, _mm512_sub_ps(_mm512_load_ps(dpr + jv * 16), dl)), sc);
+                _mm256_store_si256((__m256i *)(dsm + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(dsr));
+            }
+            if (njb & 1) {
+                _mm256_store_si256((__m256i *)(p + r * lk + njb * 16), _mm256_setzero_si256());
+                _mm256_store_si256((__m256i *)(dsm + r * lk + njb * 16), _mm256_setzero_si256());
+            }
+        }
+        for (int db = 0; db < ndb; db++) {
+            times_pairs(dsm, lk * 2, w->kp, njs, ndb, db, ob);
+            for (int r = 0; r < rows; r++)
+                _mm256_storeu_si256((__m256i *)(dq + (int64_t)(i0 + r) * sdq + db * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(ob + r * 16)));
+        }
+    }
+    transpose_bf16(w->p, lk, lq, lk, w->pt, lq);
+    transpose_bf16(w->dsm, lk, lq, lk, w->dst, lq);
+    for (int j0 = 0; j0 < nk; j0 += 16) {
+        const int rows = nk - j0 < 16 ? nk - j0 : 16;
+        for (int db = 0; db < ndb; db++) {
+            times_pairs(w->pt + (int64_t)j0 * lq, lq * 2, w->dop, nis, ndb, db, ob);
+            for (int r = 0; r < rows; r++)
+                _mm256_storeu_si256((__m256i *)(dv + (int64_t)(j0 + r) * sdv + db * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(ob + r * 16)));
+            times_pairs(w->dst + (int64_t)j0 * lq, lq * 2, w->qp, nis, ndb, db, ob);
+            for (int r = 0; r < rows; r++)
+                _mm256_storeu_si256((__m256i *)(dk + (int64_t)(j0 + r) * sdk + db * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(ob + r * 16)));
+        }
+    }
+}
+
+/* Each thread's scratch, allocated on its first call and kept (about 0.9 MB a thread). */
+static scratch_t *scratch(void)
+{
+    static __thread scratch_t *w;
+    if (!w) w = aligned_alloc(64, (sizeof(scratch_t) + 63) / 64 * 64);
+    return w;
+}
+
+static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int max_q)
+{
+    return nk >= 1 && nk <= MAXK && nq >= 1 && nq <= max_q && d % 32 == 0 && d >= 32 && d <= MAXD && b >= 1 &&
+           h >= 1 && threads >= 1;
+}
+
+#define AT(x, i) ((x) + bi * st[3 * (i)] + hi * st[3 * (i) + 1])
+
+/* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o);
+   lse: NULL, or (B, H, Nq) float32, contiguous, for the backward. Runs on `threads` OpenMP threads.
+   Returns 0, -1 when the shape is outside what the kernel handles, -2 when out of memory. */
+int vs_attention_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse,
                      int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale,
                      int threads)
 {
-    if (nk < 1 || nk > MAXK || d % 32 || d > MAXD || nq < 1 || b < 1 || h < 1 || threads < 1) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX)) return -1;
     const float c = scale * 1.4426950408889634f; /* scores go to exp2 */
-#pragma omp parallel num_threads(threads)
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        tiles_on();
+        scratch_t *w = scratch();
+        if (!w) failed = 1;
+        else {
+            tiles_on();
 #pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < b * h; bh++) {
-            int64_t bi = bh / h, hi = bh % h;
-            one_head(q + bi * st[0] + hi * st[1], st[2], k + bi * st[3] + hi * st[4], st[5],
-                     v + bi * st[6] + hi * st[7], st[8], o + bi * st[9] + hi * st[10], st[11],
-                     (int)nq, (int)nk, (int)d, c);
+            for (int64_t bh = 0; bh < b * h; bh++) {
+                int64_t bi = bh / h, hi = bh % h;
+                head_forward(AT(q, 0), st[2], AT(k, 1), st[5], AT(v, 2), st[8], AT(o, 3), st[11],
+                             lse ? lse + bh * nq : NULL, (int)nq, (int)nk, (int)d, c, w);
+            }
+            _tile_release();
         }
-        _tile_release();
     }
-    return 0;
+    return failed ? -2 : 0;
+}
+
+/* The backward of vs_attention_fwd: q, k, v, g (the output's gradient), dq, dk, dv, all (B, H, N, D) bf16
+   at strides st[0..2], st[3..5], ..., st[18..20] in that order; lse from the forward. Nq <= 256. */
+int vs_attention_bwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
+                     const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t b, int64_t h, int64_t nq,
+                     int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
+{
+    if (!shape_ok(b, h, nq, nk, d, threads, MAXK)) return -1;
+    const float c = scale * 1.4426950408889634f;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        scratch_t *w = scratch();
+        if (!w) failed = 1;
+        else {
+            tiles_on();
+#pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < b * h; bh++) {
+                int64_t bi = bh / h, hi = bh % h;
+                head_backward(AT(q, 0), st[2], AT(k, 1), st[5], AT(v, 2), st[8], AT(g, 3), st[11],
+                              lse + bh * nq, AT(dq, 4), st[14], AT(dk, 5), st[17], AT(dv, 6), st[20],
+                              (int)nq, (int)nk, (int)d, c, scale, w);
+            }
+            _tile_release();
+        }
+    }
+    return failed ? -2 : 0;
 }
