@@ -170,6 +170,57 @@ def test_gradients_through_qkv_views_and_a_strided_output_gradient():
 
 
 @needs_kernel
+@pytest.mark.parametrize("queries", [None, 1, 7])
+def test_attend_qkv_matches_the_split_path(queries):
+    b, n, h, d = 3, 50, 4, 32
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(b, n, 3 * h * d, generator=gen).to(BF)
+    nq = n if queries is None else queries
+    g = torch.randn(b, nq, h * d, generator=gen).to(BF)
+
+    def split_path(t):  # float64, through the usual split
+        q, k, v = t.view(b, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        q = q if queries is None else q[:, :, :queries]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.2)
+        return out.transpose(1, 2).reshape(b, nq, h * d)
+
+    x = qkv.clone().requires_grad_()
+    assert short_attention.usable_qkv(x, h, queries)
+    out = short_attention.attend_qkv(x, h, 0.2, queries)
+    out.backward(g)
+    ref_x = qkv.double().requires_grad_()
+    ref = split_path(ref_x)
+    ref.backward(g.double())
+    assert out.shape == (b, nq, h * d)
+    assert (out.double() - ref).abs().max() < 2e-2
+    assert (x.grad.double() - ref_x.grad).abs().max() / ref_x.grad.abs().max() < 8e-3
+    if queries is not None:  # queries past the first n get no gradient
+        assert x.grad.view(b, n, 3, h, d)[:, queries:, 0].abs().max() == 0
+    with torch.inference_mode():
+        torch.testing.assert_close(short_attention.attend_qkv(qkv, h, 0.2, queries), out.detach())
+
+
+@needs_kernel
+def test_multi_head_attention_takes_the_qkv_path_only_when_nothing_else_is_asked(monkeypatch):
+    from vitscope.attention import MultiHeadAttention
+
+    calls = []
+    real = short_attention.attend_qkv
+    monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    attn = MultiHeadAttention(128, 4).to(BF)
+    x = torch.randn(2, 50, 128).to(BF)
+    with torch.no_grad():
+        fast = attn(x)
+        assert calls == [1]
+        out, weights = attn(x, return_weights=True)  # weights: the explicit path
+        assert calls == [1] and weights.shape == (2, 4, 50, 50)
+        torch.testing.assert_close(fast, out, atol=2e-2, rtol=2e-2)
+        attn(x, mask=torch.ones(2, 1, 1, 50, dtype=torch.bool))
+        attn(x, causal=True)
+        assert calls == [1]
+
+
+@needs_kernel
 def test_double_backward_says_it_is_not_supported():
     q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 8, 8, 32))
     out = short_attention.attend(q, k, v)

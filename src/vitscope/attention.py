@@ -250,14 +250,15 @@ class MultiHeadAttention(nn.Module):
         # Heads whose output is zeroed before `proj` (head-importance ablation); None = all kept.
         self.head_mask: Tensor | None = None
 
-    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None, queries: int | None = None):
+    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None, queries: int | None = None,
+                 qkv: Tensor | None = None):
         if not self.cross:
             if context is not None:
                 raise ValueError(
                     "this attention was built for self-attention; build it with cross=True for context"
                 )
-            qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
-            q, k, v = qkv.unbind(0)  # (B, H, N, D) each
+            qkv = self.qkv(x) if qkv is None else qkv
+            q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
             if queries is not None:
                 q = q[:, :, :queries]  # (B, H, queries, D)
             k = self.k_norm(k)
@@ -274,6 +275,13 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             cache.k, cache.v = k, v
         return self.q_norm(q), k, v
+
+    def _plain_self_attention(self, context, mask, causal, cache, want) -> bool:
+        """Whether this call is softmax(q kᵀ) v of the qkv projection alone, with nothing to mask, drop,
+        normalise, cache or capture: what vitscope's attention kernels take straight from qkv."""
+        return (not self.cross and context is None and mask is None and not causal and cache is None
+                and not want and self.head_mask is None and (self.attn_drop == 0.0 or not self.training)
+                and isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity))
 
     def forward(
         self,
@@ -295,8 +303,14 @@ class MultiHeadAttention(nn.Module):
         if queries is not None and (causal or (mask is not None and mask.shape[-2] != 1)):
             raise ValueError("queries=n takes a key mask (..., 1, Nk) only, not causal=True or a per-query "
                              "mask; run all queries and slice the output instead")
-        q, k, v = self._project(x, context, cache, queries)
         want = return_weights or self.capture is not None
+        qkv = None
+        if self._plain_self_attention(context, mask, causal, cache, want):
+            qkv = self.qkv(x)  # (B, N, 3·H·D)
+            if short_attention.usable_qkv(qkv, self.num_heads, queries):
+                out = short_attention.attend_qkv(qkv, self.num_heads, self.scale, queries)  # (B, Nq, H·D)
+                return self.proj_drop(self.proj(out))
+        q, k, v = self._project(x, context, cache, queries, qkv)
         out = attend(
             q, k, v, mask=mask, causal=causal, scale=self.scale,
             dropout_p=self.attn_drop if self.training else 0.0, return_weights=want,

@@ -80,6 +80,21 @@ def _check(status: int, q: Tensor, k: Tensor) -> None:
         raise ValueError(f"vitscope's attention kernels do not take q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
+def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor,
+              scale: float) -> None:
+    """Writes the gradients into dq, dk, dv (B, H, N, D) from g, the output's gradient (B, H, Nq, D)."""
+    if g.dtype != q.dtype:
+        g = g.to(q.dtype)
+    if g.stride(-1) != 1:
+        g = g.contiguous()
+    b, h, nq, d = q.shape
+    strides = _strides(q, k, v, g, dq, dk, dv)
+    status = _lib().vs_attention_bwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), lse.data_ptr(),
+                                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, nq, k.shape[-2], d,
+                                     strides.data_ptr(), scale, torch.get_num_threads())
+    _check(status, q, k)
+
+
 class _Attention(torch.autograd.Function):
     """The kernel's forward, keeping the log-sum-exp; the kernel's backward."""
 
@@ -95,26 +110,60 @@ class _Attention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
         q, k, v, lse = ctx.saved_tensors
-        if g.dtype != q.dtype:
-            g = g.to(q.dtype)
-        if g.stride(-1) != 1:
-            g = g.contiguous()
         b, h, nq, d = q.shape
         nk = k.shape[-2]
-        # q, k and v are usually views of one qkv tensor; their gradients go into one (B, N, 3, H, D)
-        # buffer likewise, so that the view's backward meets the layout it wants.
-        if nq == nk:
-            grads = torch.empty(b, nq, 3, h, d, dtype=q.dtype).permute(2, 0, 3, 1, 4)  # (3, B, H, N, D)
-            dq, dk, dv = grads.unbind(0)
-        else:
-            dq = torch.empty(b, nq, h, d, dtype=q.dtype).transpose(1, 2)
-            dk, dv = torch.empty(2, b, nk, h, d, dtype=q.dtype).permute(0, 1, 3, 2, 4).unbind(0)
-        strides = _strides(q, k, v, g, dq, dk, dv)
-        status = _lib().vs_attention_bwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
-                                         lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, nq, nk,
-                                         d, strides.data_ptr(), ctx.scale, torch.get_num_threads())
-        _check(status, q, k)
+        dq = torch.empty(b, nq, h, d, dtype=q.dtype).transpose(1, 2)
+        dk, dv = torch.empty(2, b, nk, h, d, dtype=q.dtype).permute(0, 1, 3, 2, 4).unbind(0)
+        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale)
         return dq, dk, dv, None
+
+
+def _split(qkv: Tensor, heads: int, queries: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    b, n, three_inner = qkv.shape
+    q, k, v = qkv.view(b, n, 3, heads, three_inner // (3 * heads)).permute(2, 0, 3, 1, 4).unbind(0)
+    return (q if queries is None else q[:, :, :queries]), k, v  # (B, H, N, D) views
+
+
+class _QKVAttention(torch.autograd.Function):
+    """Self-attention straight from the fused projection's output and back: the gradient is written
+    into one (B, N, 3·H·D) tensor, so no split, stack or re-layout copies run either way."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, heads: int, scale: float, queries: int | None) -> Tensor:
+        q, k, v = _split(qkv, heads, queries)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
+        o = _forward(q, k, v, scale, lse)  # (B, H, Nq, D) view of (B, Nq, H, D)
+        ctx.save_for_backward(qkv, lse)
+        ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
+        return o.transpose(1, 2).flatten(2)  # (B, Nq, H·D), a view
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        qkv, lse = ctx.saved_tensors
+        q, k, v = _split(qkv, ctx.heads, ctx.queries)
+        partial = ctx.queries is not None and ctx.queries < qkv.shape[1]
+        grad = torch.zeros_like(qkv) if partial else torch.empty_like(qkv)  # queries past Nq get no gradient
+        dq, dk, dv = _split(grad, ctx.heads, ctx.queries)
+        g = g.reshape(*g.shape[:2], ctx.heads, -1).transpose(1, 2)  # (B, H, Nq, D)
+        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale)
+        return grad, None, None, None
+
+
+def usable_qkv(qkv: Tensor, heads: int, queries: int | None = None) -> bool:
+    """Whether `attend_qkv(qkv, heads, ...)` may run the kernels: qkv (B, N, 3·H·D), contiguous."""
+    if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads) or not qkv.is_contiguous():
+        return False
+    return usable(*_split(qkv, heads, queries))
+
+
+def attend_qkv(qkv: Tensor, heads: int, scale: float, queries: int | None = None) -> Tensor:
+    """Self-attention of a fused projection's output qkv (B, N, 3·H·D) -> (B, Nq, H·D), the heads
+    side by side; `queries=n` takes the first n tokens' queries. Check `usable_qkv` first."""
+    if torch.is_grad_enabled() and qkv.requires_grad:
+        return _QKVAttention.apply(qkv, heads, float(scale), queries)
+    q, k, v = _split(qkv, heads, queries)
+    return _forward(q, k, v, float(scale), None).transpose(1, 2).flatten(2)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
