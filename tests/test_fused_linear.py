@@ -150,7 +150,10 @@ def test_forward_ad_and_torch_func_keep_f_linear(calls):
     assert calls == [] and torch.allclose(g, layer.weight.sum(0), atol=0.05)
 
 
-def test_the_gelu_is_fused_only_where_no_gradient_is_needed(calls):
+def test_the_gelu_is_fused_only_where_no_gradient_is_needed(calls, monkeypatch):
+    from vitscope import fused_mlp
+
+    monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)  # training's own MLP: tests/test_fused_mlp.py
     mlp = Mlp(48, 96)
     x = torch.randn(2, 48)
     with torch.autocast("cpu", dtype=BF16):
@@ -305,6 +308,9 @@ def test_a_replaced_fc1_runs_its_own_forward(calls):
 
 
 def test_vit_training_gradients_match_the_unfused_model(calls, monkeypatch):
+    from vitscope import fused_mlp
+
+    monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)  # training's own MLP: tests/test_fused_mlp.py
     torch.manual_seed(0)
     cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4)
     model = VisionTransformer(cfg)

@@ -276,22 +276,22 @@ def test_unavailable_kernel_raises_a_clear_error(monkeypatch):
 def test_build_caches_by_source_and_reports_compiler_errors(tmp_path):
     src = tmp_path / "tiny.c"
     src.write_text("int vs_answer(void) { return 42; }\n")
-    first = native.build(src, out_dir=tmp_path / "cache")
-    assert native.build(src, out_dir=tmp_path / "cache") == first  # built once
+    first = native.build([src], "tiny", out_dir=tmp_path / "cache")
+    assert native.build([src], "tiny", out_dir=tmp_path / "cache") == first  # built once
     import ctypes
     assert ctypes.CDLL(str(first)).vs_answer() == 42
     src.write_text("int vs_answer(void) { return 43; }\n")
-    assert native.build(src, out_dir=tmp_path / "cache") != first  # an edited source builds afresh
+    assert native.build([src], "tiny", out_dir=tmp_path / "cache") != first  # an edited source builds afresh
     src.write_text("int vs_answer(void) { return }\n")
     with pytest.raises(RuntimeError, match="could not build tiny.c"):
-        native.build(src, out_dir=tmp_path / "cache")
+        native.build([src], "tiny", out_dir=tmp_path / "cache")
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no half-written files
 
 
 def test_build_without_a_compiler(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "compiler", lambda: None)
     with pytest.raises(RuntimeError, match="no C compiler"):
-        native.build(tmp_path / "x.c")
+        native.build([tmp_path / "x.c"], "x")
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from vitscope import fused_linear
+from vitscope import fused_linear, fused_mlp
 from vitscope.attention import MultiHeadAttention
 from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -104,7 +104,9 @@ class PatchEmbed(nn.Module):
 
 class Mlp(nn.Module):
     """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias and the GELU run inside its matmul
-    (vitscope/fused_linear.py) unless something could observe fc1's or the GELU's output."""
+    (vitscope/fused_linear.py); in bfloat16 training the MLP keeps GELU's derivative instead of its
+    input (vitscope/fused_mlp.py). Either only where nothing could observe fc1's, the GELU's or
+    fc2's calls."""
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
@@ -122,9 +124,18 @@ class Mlp(nn.Module):
                 and not fused_linear.needs_grad(x, self.fc1.weight, self.fc1.bias)
                 and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
 
+    def _training_fusable(self, x: Tensor) -> bool:
+        inner = (self.fc1, self.act, self.drop1, self.fc2)
+        return (type(self.act) is nn.GELU and self.act.approximate == "none" and type(self.fc1) is Linear
+                and type(self.fc2) is Linear and not (self.drop1.training and self.drop1.p > 0)
+                and fused_mlp.fusable(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+                and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
+
     def forward(self, x: Tensor) -> Tensor:
         if self._gelu_fusable(x):
             return self.drop2(self.fc2(fused_linear.linear(x, self.fc1.weight, self.fc1.bias, gelu=True)))
+        if self._training_fusable(x):
+            return self.drop2(fused_mlp.mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias))
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
 
-# The instructions `short_attention.c` uses; the flags name them for the compiler, and
+# The instructions the kernels use; the flags name them for the compiler, and
 # /proc/cpuinfo must list every one of the features before the library is loaded.
 FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=gnu11", "-mfma", "-mavx512f", "-mavx512bw",
          "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
@@ -71,27 +71,32 @@ def compiler() -> str | None:
     return None
 
 
-def build(source: Path, *, cc: str | None = None, out_dir: Path | None = None) -> Path:
-    """Compile `source` into a shared library (or find the one already built) and return its path.
-
-    Raises RuntimeError with the compiler's message when the build fails."""
+def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Path | None = None) -> Path:
+    """Compile `sources` (and the headers beside them) into one shared library called `name`, or find the
+    one already built, and return its path. Raises RuntimeError with the compiler's message when the
+    build fails."""
     cc = cc or compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set $CC, or install gcc)")
-    text = source.read_bytes()
+    folders = sorted({s.parent for s in sources})
+    inputs = sorted({*sources, *(h for f in folders for h in f.glob("*.h"))})
+    text = b"".join(p.name.encode() + p.read_bytes() for p in inputs)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256(text + repr((cc, version, FLAGS)).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
-    target = out_dir / f"{source.stem}-{key}.so"
+    target = out_dir / f"{name}-{key}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{source.stem}-", suffix=".so")
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}-", suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(source)], capture_output=True, text=True)
+        includes = [f"-I{f}" for f in folders]
+        done = subprocess.run([cc, *FLAGS, *includes, "-o", tmp, *map(str, sources), "-lm"],
+                              capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{Path(cc).name} could not build {source.name}:\n{done.stderr.strip()[-2000:]}")
+            names = ", ".join(s.name for s in sources)
+            raise RuntimeError(f"{Path(cc).name} could not build {names}:\n{done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -119,10 +124,11 @@ def _load() -> ctypes.CDLL | None:
     if _reason is not None:
         return None
     try:
+        sources = sorted(_HERE.glob("*.c"))
         try:
-            path = build(_HERE / "short_attention.c")
+            path = build(sources, "vitscope_kernels")
         except OSError:  # the cache is not writable: build into a private temporary folder
-            path = build(_HERE / "short_attention.c", out_dir=Path(tempfile.mkdtemp(prefix="vitscope-native-")))
+            path = build(sources, "vitscope_kernels", out_dir=Path(tempfile.mkdtemp(prefix="vitscope-native-")))
         lib = ctypes.CDLL(str(path))
     except (RuntimeError, OSError) as err:
         _reason = str(err)
@@ -135,6 +141,8 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_attention_fwd.restype = i32
     lib.vs_attention_bwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
     lib.vs_attention_bwd.restype = i32
+    lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]
+    lib.vs_gelu_fwd.restype = None
     return lib
 
 

@@ -19,6 +19,8 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 
+#include "simd.h"
+
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -37,25 +39,6 @@ static void tiles_on(void)
     for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
     _tile_loadconfig(&c);
 }
-
-/* 2^x for x <= 0, within 2.4 float32 ulps (measured over [-125, 0]); below -125 it returns about 2^-125 (not 0), so that no result is
-   ever subnormal: a subnormal result costs a microcode assist, which made the whole kernel 3x slower.
-   Callers zero the lanes that must be exactly 0. */
-static inline __m512 exp2_ps(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5353362e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 
 /* r[i][j] (16 x 16 dwords) -> r[j][i] */
 static inline void transpose16(__m512i r[16])
@@ -358,6 +341,7 @@ int vs_attention_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, ui
         if (!w) failed = 1;
         else {
             tiles_on();
+            const unsigned csr = subnormals_off();
 #pragma omp for schedule(static)
             for (int64_t bh = 0; bh < b * h; bh++) {
                 int64_t bi = bh / h, hi = bh % h;
@@ -365,6 +349,7 @@ int vs_attention_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, ui
                              lse ? lse + bh * nq : NULL, (int)nq, (int)nk, (int)d, c, w);
             }
             _tile_release();
+            subnormals_restore(csr);
         }
     }
     return failed ? -2 : 0;
@@ -385,6 +370,7 @@ int vs_attention_bwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, co
         if (!w) failed = 1;
         else {
             tiles_on();
+            const unsigned csr = subnormals_off();
 #pragma omp for schedule(static)
             for (int64_t bh = 0; bh < b * h; bh++) {
                 int64_t bi = bh / h, hi = bh % h;
@@ -393,6 +379,7 @@ int vs_attention_bwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, co
                               (int)nq, (int)nk, (int)d, c, scale, w);
             }
             _tile_release();
+            subnormals_restore(csr);
         }
     }
     return failed ? -2 : 0;

@@ -1,0 +1,143 @@
+"""The bfloat16 training MLP (C GELU and its derivative, fused multiply in the backward) against float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitscope import fused_mlp, native
+from vitscope.models import create_model
+from vitscope.vit import Mlp
+
+_w = torch.ones(2, 2, dtype=torch.bfloat16)
+needs_kernel = pytest.mark.skipif(not fused_mlp.fusable(_w.clone().requires_grad_(), _w, None, _w, None),
+                                  reason=f"fused MLP unavailable: {native.why_not() or 'no oneDNN bf16 linear'}")
+BF = torch.bfloat16
+
+
+def _cdf64(a):  # erfc keeps the far negative tail, where 1 + erf cancels to 0
+    return 0.5 * torch.special.erfc(-a / math.sqrt(2))
+
+
+def _gelu64(a):
+    return a * _cdf64(a)
+
+
+def _dgelu64(a):
+    return _cdf64(a) + a * torch.exp(-a * a / 2) / math.sqrt(2 * math.pi)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 15, 16, 4097, 100_003])
+def test_gelu_and_derivative_match_float64(n):
+    gen = torch.Generator().manual_seed(n)
+    a = (torch.randn(n, generator=gen) * 4).to(BF)
+    a[: min(n, 6)] = torch.tensor([0.0, -0.0, 50.0, -50.0, 9.5, -9.5])[: min(n, 6)].to(BF)  # tails and zeros
+    h, d = fused_mlp._gelu_and_derivative(a)
+    a64 = a.double()
+    # The exact value rounded to bfloat16 once (half an ulp), plus erf's approximation error (1.5e-7,
+    # absolute); torch's own bfloat16 gelu is no closer, and loses the far negative tail.
+    ulp = lambda x: 2.0 ** (torch.floor(torch.log2(x.abs().clamp_min(1e-30))) - 7)  # noqa: E731
+    for ours, exact in ((h, _gelu64(a64)), (d, _dgelu64(a64))):
+        assert ((ours.double() - exact).abs() <= 0.5 * ulp(exact) + 1.5e-7 * a64.abs().clamp_min(1)).all()
+    torch_err = (F.gelu(a).double() - _gelu64(a64)).abs().max()
+    assert (h.double() - _gelu64(a64)).abs().max() <= torch_err
+
+
+def _mlp_grads(fn, x, w1, b1, w2, b2, g):
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (x, w1, b1, w2, b2)]
+    out = fn(*leaves)
+    out.backward(g)
+    return [out.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+def _modules(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradients_match_float64_as_closely_as_the_modules(bias):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 50, 64, generator=gen).to(BF)
+    w1, w2 = (torch.randn(256, 64, generator=gen) / 8).to(BF), (torch.randn(64, 256, generator=gen) / 16).to(BF)
+    b1 = torch.randn(256, generator=gen).to(BF) if bias else None
+    b2 = torch.randn(64, generator=gen).to(BF) if bias else None
+    g = torch.randn(4, 50, 64, generator=gen).to(BF)
+    ref = _mlp_grads(_modules, *(t.double() if t is not None else None for t in (x, w1, b1, w2, b2)), g.double())
+    ours = _mlp_grads(fused_mlp.mlp, x, w1, b1, w2, b2, g)
+    theirs = _mlp_grads(_modules, x, w1, b1, w2, b2, g)
+    for name, a, b, r in zip(("out", "x", "w1", "b1", "w2", "b2"), ours, theirs, ref):
+        if r is None:
+            assert a is None
+            continue
+        scale = r.abs().max().item()
+        err, err_modules = (a.double() - r).abs().max().item() / scale, (b.double() - r).abs().max().item() / scale
+        assert a.shape == r.shape and err <= max(2 * err_modules, 1e-2), (name, err, err_modules)
+
+
+@needs_kernel
+def test_only_the_asked_gradients_are_computed():
+    x = torch.randn(8, 16).to(BF)
+    w1, w2 = torch.randn(32, 16).to(BF), torch.randn(16, 32).to(BF).requires_grad_()
+    out = fused_mlp.mlp(x, w1, None, w2, None)
+    out.float().sum().backward()
+    assert w2.grad is not None and w2.grad.shape == (16, 32)
+
+
+@needs_kernel
+def test_double_backward_says_it_is_not_supported():
+    x = torch.randn(8, 16).to(BF).requires_grad_()
+    w1, w2 = torch.randn(32, 16).to(BF), torch.randn(16, 32).to(BF)
+    (gx,) = torch.autograd.grad(fused_mlp.mlp(x, w1, None, w2, None).float().square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.float().sum().backward()
+
+
+@needs_kernel
+def test_mlp_module_uses_it_in_training_only_when_nothing_observes_its_parts(monkeypatch):
+    calls = []
+    real = fused_mlp.mlp
+    monkeypatch.setattr(fused_mlp, "mlp", lambda *a: calls.append(1) or real(*a))
+    m = Mlp(32, 64)
+    x = torch.randn(4, 10, 32)
+    with torch.autocast("cpu", dtype=BF):
+        m(x)
+        assert calls == [1]
+        with torch.no_grad():
+            m(x)  # inference: fused_linear's GELU epilogue instead
+        assert calls == [1]
+        seen = []
+        handle = m.act.register_forward_hook(lambda mod, i, o: seen.append(o.shape))
+        m(x)
+        handle.remove()
+        assert calls == [1] and seen == [(4, 10, 64)]
+    m(x)  # float32: the modules
+    assert calls == [1]
+
+
+@needs_kernel
+def test_vit_training_gradients_match_the_modules():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+
+    def grads(fused):
+        fusable = fused_mlp.fusable
+        if not fused:
+            fused_mlp.fusable = lambda *a: False
+        try:
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=BF):
+                F.cross_entropy(model(x), y).backward()
+        finally:
+            fused_mlp.fusable = fusable
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours, theirs = grads(True), grads(False)
+    for name in ours:
+        scale = theirs[name].abs().max().item() + 1e-12
+        assert (ours[name] - theirs[name]).abs().max().item() / scale < 5e-2, name
