@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from vitscope import fused_linear, fused_mlp
+from vitscope import fused_layer_norm, fused_linear, fused_mlp
 from vitscope.attention import MultiHeadAttention
 from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -179,11 +179,19 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
+    def _norm(self, norm: nn.Module, x: Tensor, consumer: nn.Module) -> Tensor:
+        """norm(x); under bfloat16 autocast, straight to the bfloat16 that `consumer`'s linear layer would
+        cast it to (vitscope/fused_layer_norm.py), where nothing hooked could see the difference."""
+        if (fused_layer_norm.fusable(x, norm) and type(consumer) in (MultiHeadAttention, Mlp)
+                and not (_has_hooks(norm) or _has_hooks(consumer) or _has_global_hooks())):
+            return fused_layer_norm.layer_norm(x, norm)
+        return norm(x)
+
     def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
         """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
-        attn = self.attn(self.norm1(x), queries=queries)
+        attn = self.attn(self._norm(self.norm1, x, self.attn), queries=queries)
         x = (x if queries is None else x[:, :queries]) + self.drop_path1(self.ls1(attn))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x + self.drop_path2(self.ls2(self.mlp(self._norm(self.norm2, x, self.mlp))))
 
 
 @dataclass

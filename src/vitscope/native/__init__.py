@@ -143,6 +143,10 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_attention_bwd.restype = i32
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]
     lib.vs_gelu_fwd.restype = None
+    lib.vs_layer_norm_fwd.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
+    lib.vs_layer_norm_fwd.restype = None
+    lib.vs_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, i64, i64, i32]
+    lib.vs_layer_norm_bwd.restype = None
     return lib
 
 

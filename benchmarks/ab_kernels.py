@@ -1,0 +1,69 @@
+"""A/B: bfloat16 training with vitscope's C kernels against the same step without them, one part at a time or all.
+
+    python benchmarks/ab_kernels.py --part mlp --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_kernels.py --part layernorm --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
+
+Parts (each switched off by making its `fusable`/`usable` say no):
+- `attention`: vitscope/short_attention.py, the attention forward and backward in AMX tiles, from and
+  to the qkv projection (off: the explicit softmax path);
+- `mlp`: vitscope/fused_mlp.py, a C pass writing gelu(a) and gelu'(a), and the multiply by gelu'(a)
+  inside fc2's backward matmul (off: fc1, nn.GELU and fc2 as modules, still with fused_linear's
+  bias-in-matmul linears);
+- `layernorm`: vitscope/fused_layer_norm.py, LayerNorm writing bfloat16 for the next linear layer and
+  reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
+- `all`: the three together.
+
+This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
+backward, the optimizer) with and without, in alternating rounds in one process, and prints each
+round's images/s and the median of the per-round ratios, kernels first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab as ab  # noqa: E402
+from _machine import machine_header  # noqa: E402
+from vitscope import fused_layer_norm, fused_mlp, native, short_attention  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
+
+SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
+            "layernorm": (fused_layer_norm, "fusable")}
+
+
+def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:
+    for part in parts:
+        owner, name = SWITCHES[part]
+        step = ab.with_attribute(step, owner, name, lambda *a: False)
+    return step
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = ab.parser(__doc__)
+    ab.add_model_sets(ap)
+    ap.add_argument("--part", choices=[*SWITCHES, "all"], default="all", help="which kernels to switch off in B")
+    args = ap.parse_args(argv)
+    overrides = ab.model_overrides(ap, args)
+    if native.library() is None:
+        sys.exit(f"vitscope's kernels cannot run here: {native.why_not()}")
+    parts = list(SWITCHES) if args.part == "all" else [args.part]
+    torch.manual_seed(0)
+    model = create_model(args.model, **overrides)
+    step = ab.training_step(model, args.batch)
+    steps = {"kernels": step, "without": without(step, parts)}
+    rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
+    print(machine_header())
+    sets = "".join(f" {s}" for s in args.set)
+    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast training step, {args.rounds} "
+          f"alternating rounds of {args.steps} steps; B without: {', '.join(parts)}\n")
+    print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in bf16 training"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+/* LayerNorm over the last dim for bfloat16-autocast training and inference: float32 in, bfloat16 out.
+
+   Under autocast, PyTorch runs LayerNorm in float32 and writes a float32 output, which the next linear
+   layer then reads again to cast to bfloat16; its backward likewise casts the bfloat16 gradient up
+   first. These kernels compute in float32 as PyTorch does and round the output once to bfloat16 in
+   the same pass, and the backward reads the bfloat16 gradient directly. Rows are contiguous, C wide.
+
+   Forward: y = (x - mean) * rstd * gamma + beta, with rstd = 1 / sqrt(var + eps) (biased variance);
+   mean and rstd are kept for the backward. Backward, with xhat = (x - mean) * rstd and dxhat = dy gamma:
+   dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)); dgamma = sum over rows of dy xhat, dbeta =
+   sum of dy, each thread summing its rows into its own slice of `partial` (threads x 2 x C). */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include "simd.h"
+
+static inline __mmask16 tail(int64_t c, int64_t j) { return c - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c - j)) - 1u); }
+
+static inline __m512 load_bf16(const uint16_t *p, __mmask16 m)
+{
+    return _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(m, p));
+}
+
+void vs_layer_norm_fwd(const float *x, const float *gamma, const float *beta, uint16_t *y, float *mean, float *rstd,
+                       int64_t rows, int64_t c, float eps, int threads)
+{
+#pragma omp parallel num_threads(threads)
+    {
+        const unsigned csr = subnormals_off();
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * c;
+            __m512 s = _mm512_setzero_ps();
+            for (int64_t j = 0; j < c; j += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail(c, j), xr + j));
+            const float mu = _mm512_reduce_add_ps(s) / (float)c;
+            const __m512 m = _mm512_set1_ps(mu);
+            __m512 v = _mm512_setzero_ps();
+            for (int64_t j = 0; j < c; j += 16) {
+                __mmask16 k = tail(c, j);
+                __m512 dlt = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, xr + j), m);
+                v = _mm512_fmadd_ps(dlt, dlt, v);
+            }
+            const float rs = 1.0f / sqrtf(_mm512_reduce_add_ps(v) / (float)c + eps);
+            mean[r] = mu;
+            rstd[r] = rs;
+            const __m512 rv = _mm512_set1_ps(rs);
+            for (int64_t j = 0; j < c; j += 16) {
+                __mmask16 k = tail(c, j);
+                __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + j), m), rv);
+                __m512 out = _mm512_fmadd_ps(xh, _mm512_maskz_loadu_ps(k, gamma + j), _mm512_maskz_loadu_ps(k, beta + j));
+                _mm256_mask_storeu_epi16(y + r * c + j, k, (__m256i)_mm512_cvtneps_pbh(out));
+            }
+        }
+        subnormals_restore(csr);
+    }
+}
+
+void vs_layer_norm_bwd(const uint16_t *dy, const float *x, const float *gamma, const float *mean, const float *rstd,
+                       float *dx, float *partial, int64_t rows, int64_t c, int threads)
+{
+#pragma omp parallel num_threads(threads)
+    {
+        const unsigned csr = subnormals_off();
+        const int t = omp_get_thread_num();
+        float *dg = partial + (int64_t)t * 2 * c, *db = dg + c;
+        for (int64_t j = 0; j < c; j++) dg[j] = db[j] = 0.0f;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * c;
+            const uint16_t *gr = dy + r * c;
+            const __m512 m = _mm512_set1_ps(mean[r]), rv = _mm512_set1_ps(rstd[r]);
+            __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+            for (int64_t j = 0; j < c; j += 16) {
+                __mmask16 k = tail(c, j);
+                __m512 g = load_bf16(gr + j, k);
+                __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + j), m), rv);
+                __m512 dxh = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(k, gamma + j));
+                a = _mm512_add_ps(a, dxh);
+                b = _mm512_fmadd_ps(dxh, xh, b);
+                _mm512_mask_storeu_ps(dg + j, k, _mm512_fmadd_ps(g, xh, _mm512_maskz_loadu_ps(k, dg + j)));
+                _mm512_mask_storeu_ps(db + j, k, _mm512_add_ps(g, _mm512_maskz_loadu_ps(k, db + j)));
+            }
+            const __m512 ma = _mm512_set1_ps(_mm512_reduce_add_ps(a) / (float)c);
+            const __m512 mb = _mm512_set1_ps(_mm512_reduce_add_ps(b) / (float)c);
+            for (int64_t j = 0; j < c; j += 16) {
+                __mmask16 k = tail(c, j);
+                __m512 g = load_bf16(gr + j, k);
+                __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + j), m), rv);
+                __m512 dxh = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(k, gamma + j));
+                __m512 out = _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(dxh, ma), _mm512_mul_ps(xh, mb)));
+                _mm512_mask_storeu_ps(dx + r * c + j, k, out);
+            }
+        }
+        subnormals_restore(csr);
+    }
+}

@@ -1,0 +1,102 @@
+"""LayerNorm straight to bfloat16 (C kernels) against PyTorch's float32 LayerNorm and autocast's cast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscope import fused_layer_norm, native
+from vitscope.models import create_model
+from vitscope.vit import Block
+
+needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.why_not()}")
+BF = torch.bfloat16
+
+
+def _norm(c, seed=0):
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(c, eps=1e-6)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
+    return norm
+
+
+@needs_kernel
+@pytest.mark.parametrize("c", [128, 384, 40, 7])
+def test_output_and_gradients_match_pytorch(c):
+    norm = _norm(c)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 37, c, generator=gen) * 3 + 1
+    g = torch.randn(3, 37, c, generator=gen).to(BF)
+    with torch.autocast("cpu", dtype=BF):
+        assert fused_layer_norm.fusable(x, norm)
+        xa = x.clone().requires_grad_()
+        ours = fused_layer_norm.layer_norm(xa, norm)
+        ours.backward(g)
+        mine = (ours.detach(), xa.grad, norm.weight.grad.clone(), norm.bias.grad.clone())
+        norm.zero_grad()
+        xb = x.clone().requires_grad_()
+        theirs = norm(xb).to(BF)  # what the next linear layer casts it to
+        theirs.backward(g)
+    ref = (theirs.detach(), xb.grad, norm.weight.grad, norm.bias.grad)
+    # the same float32 value up to summation order, rounded once: equal but for a few rounding ties
+    assert mine[0].dtype == BF and (mine[0] != ref[0]).float().mean() < 0.01
+    torch.testing.assert_close(mine[0], ref[0], rtol=2**-7, atol=0)  # one bfloat16 ulp
+    for a, b in zip(mine[1:], ref[1:]):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_not_fusable_outside_bf16_autocast_or_for_other_norms():
+    norm = _norm(16)
+    x = torch.randn(2, 16)
+    assert not fused_layer_norm.fusable(x, norm)  # no autocast: the float32 output is what the caller gets
+    with torch.autocast("cpu", dtype=BF):
+        assert not fused_layer_norm.fusable(x.to(BF), norm)
+        assert not fused_layer_norm.fusable(x, nn.LayerNorm(16, elementwise_affine=False))
+        assert not fused_layer_norm.fusable(torch.randn(2, 32)[:, ::2], norm)  # rows must be contiguous
+
+
+@needs_kernel
+def test_block_uses_it_only_when_nothing_could_see_the_dtype(monkeypatch):
+    calls = []
+    real = fused_layer_norm.layer_norm
+    monkeypatch.setattr(fused_layer_norm, "layer_norm", lambda *a: calls.append(1) or real(*a))
+    block = Block(64, 4)
+    x = torch.randn(2, 10, 64)
+    with torch.autocast("cpu", dtype=BF):
+        block(x)
+        assert len(calls) == 2
+        seen = []
+        handle = block.mlp.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+        block(x)
+        handle.remove()
+        assert len(calls) == 3 and seen == [torch.float32]  # norm2 unfused: its consumer's hook sees float32
+    block(x)
+    assert len(calls) == 3
+
+
+@needs_kernel
+def test_vit_training_gradients_match_pytorch_layer_norm():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+
+    def grads(fused):
+        fusable = fused_layer_norm.fusable
+        if not fused:
+            fused_layer_norm.fusable = lambda *a: False
+        try:
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=BF):
+                F.cross_entropy(model(x), y).backward()
+        finally:
+            fused_layer_norm.fusable = fusable
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours, theirs = grads(True), grads(False)
+    for name in ours:
+        scale = theirs[name].abs().max().item() + 1e-12
+        assert (ours[name] - theirs[name]).abs().max().item() / scale < 1e-2, name
