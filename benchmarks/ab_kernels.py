@@ -2,6 +2,7 @@
 
     python benchmarks/ab_kernels.py --part mlp --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part layernorm --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_kernels.py --part all --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
@@ -12,7 +13,9 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   bias-in-matmul linears);
 - `layernorm`: vitscope/fused_layer_norm.py, LayerNorm writing bfloat16 for the next linear layer and
   reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
-- `all`: the three together.
+- `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32
+  stream in one pass (off: `x + y`, which first copies y to float32);
+- `all`: the four together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer) with and without, in alternating rounds in one process, and prints each
@@ -30,11 +33,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import fused_layer_norm, fused_mlp, native, short_attention  # noqa: E402
+from vitscope import fused_layer_norm, fused_mlp, fused_residual, native, short_attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
-            "layernorm": (fused_layer_norm, "fusable")}
+            "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

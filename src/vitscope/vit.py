@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from vitscope import fused_layer_norm, fused_linear, fused_mlp
+from vitscope import fused_layer_norm, fused_linear, fused_mlp, fused_residual
 from vitscope.attention import MultiHeadAttention
 from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -187,11 +187,20 @@ class Block(nn.Module):
             return fused_layer_norm.layer_norm(x, norm)
         return norm(x)
 
+    @staticmethod
+    def _residual(x: Tensor, branch: Tensor, ls: nn.Module, drop_path: DropPath) -> Tensor:
+        """x + drop_path(ls(branch)); a bfloat16 branch with neither is added in one pass
+        (vitscope/fused_residual.py)."""
+        if type(ls) is nn.Identity and (drop_path.p == 0.0 or not drop_path.training) and not _has_hooks(drop_path) \
+                and fused_residual.fusable(x, branch):
+            return fused_residual.add(x, branch)
+        return x + drop_path(ls(branch))
+
     def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
         """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
         attn = self.attn(self._norm(self.norm1, x, self.attn), queries=queries)
-        x = (x if queries is None else x[:, :queries]) + self.drop_path1(self.ls1(attn))
-        return x + self.drop_path2(self.ls2(self.mlp(self._norm(self.norm2, x, self.mlp))))
+        x = self._residual(x if queries is None else x[:, :queries], attn, self.ls1, self.drop_path1)
+        return self._residual(x, self.mlp(self._norm(self.norm2, x, self.mlp)), self.ls2, self.drop_path2)
 
 
 @dataclass
