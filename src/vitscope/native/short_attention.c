@@ -142,32 +142,67 @@ static const uint16_t *rows16(const uint16_t *x, int64_t sx, int i0, int n, int 
     return pad;
 }
 
-/* s[16][ls] (float32, cols < 16 * nb) = x rows (A operand, stride xs bytes) times packed y^T. */
+/* s[16][ls] (float32, cols < 16 * nb) = x rows (A operand, stride xs bytes) times packed y^T. Up to four
+   16-col blocks at a time, each in its own accumulator tile, so that one A load serves four multiplies
+   and consecutive multiplies do not wait on one another. */
 static void scores(const uint16_t *xa, int64_t xs, const uint32_t *yt, int nb, int d, float *s, int64_t ls)
 {
     const int nds = d / 32;
-    for (int jb = 0; jb < nb; jb++) {
-        _tile_zero(2);
+    for (int jb = 0; jb < nb; jb += 4) {
+        const int cnt = nb - jb < 4 ? nb - jb : 4;
+        _tile_zero(4);
+        if (cnt > 1) _tile_zero(5);
+        if (cnt > 2) _tile_zero(6);
+        if (cnt > 3) _tile_zero(7);
         for (int ds = 0; ds < nds; ds++) {
             _tile_loadd(0, xa + ds * 32, xs);
             _tile_loadd(1, yt + (jb * nds + ds) * 256, 64);
-            _tile_dpbf16ps(2, 0, 1);
+            _tile_dpbf16ps(4, 0, 1);
+            if (cnt > 1) { _tile_loadd(2, yt + ((jb + 1) * nds + ds) * 256, 64); _tile_dpbf16ps(5, 0, 2); }
+            if (cnt > 2) { _tile_loadd(3, yt + ((jb + 2) * nds + ds) * 256, 64); _tile_dpbf16ps(6, 0, 3); }
+            if (cnt > 3) { _tile_loadd(1, yt + ((jb + 3) * nds + ds) * 256, 64); _tile_dpbf16ps(7, 0, 1); }
         }
-        _tile_stored(2, s + jb * 16, ls * 4);
+        _tile_stored(4, s + jb * 16, ls * 4);
+        if (cnt > 1) _tile_stored(5, s + (jb + 1) * 16, ls * 4);
+        if (cnt > 2) _tile_stored(6, s + (jb + 2) * 16, ls * 4);
+        if (cnt > 3) _tile_stored(7, s + (jb + 3) * 16, ls * 4);
     }
 }
 
-/* ob[16][16] (float32) = rows of a (bfloat16, stride as bytes, ns steps of 32 along the sum) times
-   pair-packed y's 16-col block db. */
-static void times_pairs(const uint16_t *a, int64_t as, const uint16_t *yp, int ns, int ndb, int db, float *ob)
+/* ob[cnt][16][16] (float32) = rows of a (bfloat16, stride as bytes, ns steps of 32 along the sum) times
+   pair-packed y's 16-col blocks db0 .. db0 + cnt - 1 (cnt <= 4), each in its own accumulator tile. */
+static void times_pairs(const uint16_t *a, int64_t as, const uint16_t *yp, int ns, int ndb, int db0, int cnt,
+                        float *ob)
 {
-    _tile_zero(2);
+    _tile_zero(4);
+    if (cnt > 1) _tile_zero(5);
+    if (cnt > 2) _tile_zero(6);
+    if (cnt > 3) _tile_zero(7);
     for (int js = 0; js < ns; js++) {
-        _tile_loadd(3, a + js * 32, as);
-        _tile_loadd(4, yp + (js * ndb + db) * 512, 64);
-        _tile_dpbf16ps(2, 3, 4);
+        const uint16_t *b = yp + (js * ndb + db0) * 512;
+        _tile_loadd(0, a + js * 32, as);
+        _tile_loadd(1, b, 64);
+        _tile_dpbf16ps(4, 0, 1);
+        if (cnt > 1) { _tile_loadd(2, b + 512, 64); _tile_dpbf16ps(5, 0, 2); }
+        if (cnt > 2) { _tile_loadd(3, b + 1024, 64); _tile_dpbf16ps(6, 0, 3); }
+        if (cnt > 3) { _tile_loadd(1, b + 1536, 64); _tile_dpbf16ps(7, 0, 1); }
     }
-    _tile_stored(2, ob, 64);
+    _tile_stored(4, ob, 64);
+    if (cnt > 1) _tile_stored(5, ob + 256, 64);
+    if (cnt > 2) _tile_stored(6, ob + 512, 64);
+    if (cnt > 3) _tile_stored(7, ob + 768, 64);
+}
+
+/* Rows [0, rows) of ob[cnt][16][16] (float32, times scale[r] when given) rounded into out's 16-col blocks
+   db0 .. db0 + cnt - 1 (row stride so). */
+static void store_rows(const float *ob, int cnt, int rows, const float *scale, uint16_t *out, int64_t so, int db0)
+{
+    for (int e = 0; e < cnt; e++)
+        for (int r = 0; r < rows; r++) {
+            __m512 y = _mm512_load_ps(ob + e * 256 + r * 16);
+            if (scale) y = _mm512_mul_ps(y, _mm512_set1_ps(scale[r]));
+            _mm256_storeu_si256((__m256i *)(out + (int64_t)r * so + (db0 + e) * 16), (__m256i)_mm512_cvtneps_pbh(y));
+        }
 }
 
 static inline __mmask16 lanes(int n, int jv) { int left = n - jv * 16; return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
@@ -177,7 +212,7 @@ typedef struct {
     uint32_t kt[MAXK / 16 * MAXD / 32 * 256], vt[MAXK / 16 * MAXD / 32 * 256];
     uint16_t kp[MAXK / 32 * MAXD / 16 * 512], qp[MAXK / 32 * MAXD / 16 * 512], dop[MAXK / 32 * MAXD / 16 * 512];
     uint16_t p[MAXK * MAXK], dsm[MAXK * MAXK], pt[MAXK * MAXK], dst[MAXK * MAXK];
-    float s[16 * MAXK], dp[16 * MAXK], ob[16 * 16];
+    float s[16 * MAXK], dp[16 * MAXK], ob[4 * 16 * 16];
     uint16_t qpad[16 * MAXD], dopad[16 * MAXD];
 } scratch_t;
 
@@ -223,12 +258,10 @@ static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64
             inv[r] = 1.0f / total;
             if (lse) lse[i0 + r] = mx + log2f(total);
         }
-        for (int db = 0; db < ndb; db++) {
-            times_pairs(p, MAXK * 2, w->kp, njs, ndb, db, ob);
-            for (int r = 0; r < rows; r++) {
-                __m512 y = _mm512_mul_ps(_mm512_load_ps(ob + r * 16), _mm512_set1_ps(inv[r]));
-                _mm256_storeu_si256((__m256i *)(o + (int64_t)(i0 + r) * so + db * 16), (__m256i)_mm512_cvtneps_pbh(y));
-            }
+        for (int db = 0; db < ndb; db += 4) {
+            const int cnt = ndb - db < 4 ? ndb - db : 4;
+            times_pairs(p, MAXK * 2, w->kp, njs, ndb, db, cnt, ob);
+            store_rows(ob, cnt, rows, inv, o + (int64_t)i0 * so, so, db);
         }
     }
 }
@@ -285,26 +318,22 @@ static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int6
                 _mm256_store_si256((__m256i *)(dsm + r * lk + njb * 16), _mm256_setzero_si256());
             }
         }
-        for (int db = 0; db < ndb; db++) {
-            times_pairs(dsm, lk * 2, w->kp, njs, ndb, db, ob);
-            for (int r = 0; r < rows; r++)
-                _mm256_storeu_si256((__m256i *)(dq + (int64_t)(i0 + r) * sdq + db * 16),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(ob + r * 16)));
+        for (int db = 0; db < ndb; db += 4) {
+            const int cnt = ndb - db < 4 ? ndb - db : 4;
+            times_pairs(dsm, lk * 2, w->kp, njs, ndb, db, cnt, ob);
+            store_rows(ob, cnt, rows, NULL, dq + (int64_t)i0 * sdq, sdq, db);
         }
     }
     transpose_bf16(w->p, lk, lq, lk, w->pt, lq);
     transpose_bf16(w->dsm, lk, lq, lk, w->dst, lq);
     for (int j0 = 0; j0 < nk; j0 += 16) {
         const int rows = nk - j0 < 16 ? nk - j0 : 16;
-        for (int db = 0; db < ndb; db++) {
-            times_pairs(w->pt + (int64_t)j0 * lq, lq * 2, w->dop, nis, ndb, db, ob);
-            for (int r = 0; r < rows; r++)
-                _mm256_storeu_si256((__m256i *)(dv + (int64_t)(j0 + r) * sdv + db * 16),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(ob + r * 16)));
-            times_pairs(w->dst + (int64_t)j0 * lq, lq * 2, w->qp, nis, ndb, db, ob);
-            for (int r = 0; r < rows; r++)
-                _mm256_storeu_si256((__m256i *)(dk + (int64_t)(j0 + r) * sdk + db * 16),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(ob + r * 16)));
+        for (int db = 0; db < ndb; db += 4) {
+            const int cnt = ndb - db < 4 ? ndb - db : 4;
+            times_pairs(w->pt + (int64_t)j0 * lq, lq * 2, w->dop, nis, ndb, db, cnt, ob);
+            store_rows(ob, cnt, rows, NULL, dv + (int64_t)j0 * sdv, sdv, db);
+            times_pairs(w->dst + (int64_t)j0 * lq, lq * 2, w->qp, nis, ndb, db, cnt, ob);
+            store_rows(ob, cnt, rows, NULL, dk + (int64_t)j0 * sdk, sdk, db);
         }
     }
 }
