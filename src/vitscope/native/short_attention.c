@@ -31,13 +31,23 @@ typedef struct {
    Returns 0 on success. */
 int vs_amx_init(void) { return (int)syscall(SYS_arch_prctl, 0x1023, 18); }
 
+/* GCC's AMX intrinsics are inline asm that do not tell the compiler which memory they read or write
+   (ldtilecfg's operand covers only 8 bytes, tile loads and stores none): at -O2 GCC dropped the tile
+   config's stores and the kernel faulted. Every tile instruction that touches memory goes through
+   these, with a compiler memory barrier on its side. */
+#define BARRIER() __asm__ volatile("" ::: "memory")
+#define TILE_LOAD(t, p, stride) do { BARRIER(); _tile_loadd(t, p, stride); } while (0)
+#define TILE_STORE(t, p, stride) do { _tile_stored(t, p, stride); BARRIER(); } while (0)
+
 static void tiles_on(void)
 {
     tilecfg_t c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
+    BARRIER();
     _tile_loadconfig(&c);
+    BARRIER();
 }
 
 /* r[i][j] (16 x 16 dwords) -> r[j][i] */
@@ -155,17 +165,17 @@ static void scores(const uint16_t *xa, int64_t xs, const uint32_t *yt, int nb, i
         if (cnt > 2) _tile_zero(6);
         if (cnt > 3) _tile_zero(7);
         for (int ds = 0; ds < nds; ds++) {
-            _tile_loadd(0, xa + ds * 32, xs);
-            _tile_loadd(1, yt + (jb * nds + ds) * 256, 64);
+            TILE_LOAD(0, xa + ds * 32, xs);
+            TILE_LOAD(1, yt + (jb * nds + ds) * 256, 64);
             _tile_dpbf16ps(4, 0, 1);
-            if (cnt > 1) { _tile_loadd(2, yt + ((jb + 1) * nds + ds) * 256, 64); _tile_dpbf16ps(5, 0, 2); }
-            if (cnt > 2) { _tile_loadd(3, yt + ((jb + 2) * nds + ds) * 256, 64); _tile_dpbf16ps(6, 0, 3); }
-            if (cnt > 3) { _tile_loadd(1, yt + ((jb + 3) * nds + ds) * 256, 64); _tile_dpbf16ps(7, 0, 1); }
+            if (cnt > 1) { TILE_LOAD(2, yt + ((jb + 1) * nds + ds) * 256, 64); _tile_dpbf16ps(5, 0, 2); }
+            if (cnt > 2) { TILE_LOAD(3, yt + ((jb + 2) * nds + ds) * 256, 64); _tile_dpbf16ps(6, 0, 3); }
+            if (cnt > 3) { TILE_LOAD(1, yt + ((jb + 3) * nds + ds) * 256, 64); _tile_dpbf16ps(7, 0, 1); }
         }
-        _tile_stored(4, s + jb * 16, ls * 4);
-        if (cnt > 1) _tile_stored(5, s + (jb + 1) * 16, ls * 4);
-        if (cnt > 2) _tile_stored(6, s + (jb + 2) * 16, ls * 4);
-        if (cnt > 3) _tile_stored(7, s + (jb + 3) * 16, ls * 4);
+        TILE_STORE(4, s + jb * 16, ls * 4);
+        if (cnt > 1) TILE_STORE(5, s + (jb + 1) * 16, ls * 4);
+        if (cnt > 2) TILE_STORE(6, s + (jb + 2) * 16, ls * 4);
+        if (cnt > 3) TILE_STORE(7, s + (jb + 3) * 16, ls * 4);
     }
 }
 
@@ -180,17 +190,17 @@ static void times_pairs(const uint16_t *a, int64_t as, const uint16_t *yp, int n
     if (cnt > 3) _tile_zero(7);
     for (int js = 0; js < ns; js++) {
         const uint16_t *b = yp + (js * ndb + db0) * 512;
-        _tile_loadd(0, a + js * 32, as);
-        _tile_loadd(1, b, 64);
+        TILE_LOAD(0, a + js * 32, as);
+        TILE_LOAD(1, b, 64);
         _tile_dpbf16ps(4, 0, 1);
-        if (cnt > 1) { _tile_loadd(2, b + 512, 64); _tile_dpbf16ps(5, 0, 2); }
-        if (cnt > 2) { _tile_loadd(3, b + 1024, 64); _tile_dpbf16ps(6, 0, 3); }
-        if (cnt > 3) { _tile_loadd(1, b + 1536, 64); _tile_dpbf16ps(7, 0, 1); }
+        if (cnt > 1) { TILE_LOAD(2, b + 512, 64); _tile_dpbf16ps(5, 0, 2); }
+        if (cnt > 2) { TILE_LOAD(3, b + 1024, 64); _tile_dpbf16ps(6, 0, 3); }
+        if (cnt > 3) { TILE_LOAD(1, b + 1536, 64); _tile_dpbf16ps(7, 0, 1); }
     }
-    _tile_stored(4, ob, 64);
-    if (cnt > 1) _tile_stored(5, ob + 256, 64);
-    if (cnt > 2) _tile_stored(6, ob + 512, 64);
-    if (cnt > 3) _tile_stored(7, ob + 768, 64);
+    TILE_STORE(4, ob, 64);
+    if (cnt > 1) TILE_STORE(5, ob + 256, 64);
+    if (cnt > 2) TILE_STORE(6, ob + 512, 64);
+    if (cnt > 3) TILE_STORE(7, ob + 768, 64);
 }
 
 /* Rows [0, rows) of ob[cnt][16][16] (float32, times scale[r] when given) rounded into out's 16-col blocks
