@@ -33,7 +33,8 @@ def _err(out, q, k, v, scale=None):
 
 @needs_kernel
 @pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 32), (15, 16, 32),
-                                     (16, 17, 64), (33, 31, 96), (64, 256, 128), (100, 255, 32), (17, 33, 64)])
+                                     (16, 17, 64), (33, 31, 96), (64, 256, 128), (100, 255, 32), (17, 33, 64),
+                                     (300, 40, 32), (529, 256, 64)])
 def test_matches_float64_as_closely_as_pytorch(nq, nk, d):
     q, k, v = _qkv(2, 3, nq, nk, d)
     with torch.inference_mode():

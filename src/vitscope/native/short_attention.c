@@ -217,12 +217,27 @@ static void store_rows(const float *ob, int cnt, int rows, const float *scale, u
 
 static inline __mmask16 lanes(int n, int jv) { int left = n - jv * 16; return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
 
+/* out (n rows, stride so) = a (bfloat16, row length la) times pair-packed y, 16 rows at a time, each row
+   times scale[row] when scale is given. */
+static void product_rows(const uint16_t *a, int64_t la, const uint16_t *yp, int ns, int ndb, int n, const float *scale,
+                         uint16_t *out, int64_t so, float *ob)
+{
+    for (int r0 = 0; r0 < n; r0 += 16) {
+        const int rows = n - r0 < 16 ? n - r0 : 16;
+        for (int db = 0; db < ndb; db += 4) {
+            const int cnt = ndb - db < 4 ? ndb - db : 4;
+            times_pairs(a + (int64_t)r0 * la, la * 2, yp, ns, ndb, db, cnt, ob);
+            store_rows(ob, cnt, rows, scale ? scale + r0 : NULL, out + (int64_t)r0 * so, so, db);
+        }
+    }
+}
+
 /* Per-thread scratch, sized for MAXK keys, MAXK queries and MAXD dims. */
 typedef struct {
     uint32_t kt[MAXK / 16 * MAXD / 32 * 256], vt[MAXK / 16 * MAXD / 32 * 256];
     uint16_t kp[MAXK / 32 * MAXD / 16 * 512], qp[MAXK / 32 * MAXD / 16 * 512], dop[MAXK / 32 * MAXD / 16 * 512];
     uint16_t p[MAXK * MAXK], dsm[MAXK * MAXK], pt[MAXK * MAXK], dst[MAXK * MAXK];
-    float s[16 * MAXK], dp[16 * MAXK], ob[4 * 16 * 16];
+    float s[16 * MAXK], dp[16 * MAXK], ob[4 * 16 * 16], inv[MAXK];
     uint16_t qpad[16 * MAXD], dopad[16 * MAXD];
 } scratch_t;
 
@@ -232,47 +247,48 @@ typedef struct {
 static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
                          uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
 {
-    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, ndb = d / 16;
-    float *s = w->s, *ob = w->ob;
-    uint16_t *p = w->p;  /* 16 rows of MAXK */
-    float inv[16];
+    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, ndb = d / 16, lk = njs * 32;
+    float *s = w->s;
+    const __m512 cs = _mm512_set1_ps(c);
     pack_transposed(k, sk, nk, d, w->kt);
     pack_pairs(v, sv, nk, d, w->kp);
-    for (int i0 = 0; i0 < nq; i0 += 16) {
-        const int rows = nq - i0 < 16 ? nq - i0 : 16;
-        int64_t qs;
-        const uint16_t *qa = rows16(q, sq, i0, nq, d, w->qpad, &qs);
-        scores(qa, qs, w->kt, njb, d, s, MAXK);
-        const __m512 cs = _mm512_set1_ps(c);
-        /* Rows past nq are skipped: whatever their weights hold only reaches their own output rows,
-           which are never stored. Columns past nk get weight 0 (and v's padding rows are 0). */
-        for (int r = 0; r < rows; r++) {
-            float *sr = s + r * MAXK;
-            __m512 m = _mm512_set1_ps(-INFINITY);
-            for (int jv = 0; jv < njb; jv++) {
-                __mmask16 mk = lanes(nk, jv);
-                __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), mk, _mm512_load_ps(sr + jv * 16), cs);
-                _mm512_store_ps(sr + jv * 16, x);
-                m = _mm512_max_ps(m, x);
+    /* Up to MAXK queries at a time: first their weights (unnormalised, bfloat16, rows of lk), then the
+       product with v in its own pass, so each pass's packed operand stays in L1. */
+    for (int c0 = 0; c0 < nq; c0 += MAXK) {
+        const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
+        const uint16_t *qc = q + (int64_t)c0 * sq;
+        for (int i0 = 0; i0 < cn; i0 += 16) {
+            const int rows = cn - i0 < 16 ? cn - i0 : 16;
+            int64_t qs;
+            const uint16_t *qa = rows16(qc, sq, i0, cn, d, w->qpad, &qs);
+            scores(qa, qs, w->kt, njb, d, s, MAXK);
+            /* Rows past nq are skipped: whatever their weights hold only reaches their own output rows,
+               which are never stored. Columns past nk get weight 0 (and v's padding rows are 0). */
+            for (int r = 0; r < rows; r++) {
+                float *sr = s + r * MAXK;
+                uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
+                __m512 m = _mm512_set1_ps(-INFINITY);
+                for (int jv = 0; jv < njb; jv++) {
+                    __mmask16 mk = lanes(nk, jv);
+                    __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), mk, _mm512_load_ps(sr + jv * 16), cs);
+                    _mm512_store_ps(sr + jv * 16, x);
+                    m = _mm512_max_ps(m, x);
+                }
+                const float mx = _mm512_reduce_max_ps(m);
+                __m512 sum = _mm512_setzero_ps();
+                for (int jv = 0; jv < njb; jv++) {
+                    __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
+                                                                                     _mm512_set1_ps(mx))));
+                    sum = _mm512_add_ps(sum, e);
+                    _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
+                }
+                if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
+                const float total = _mm512_reduce_add_ps(sum);
+                w->inv[i0 + r] = 1.0f / total;
+                if (lse) lse[c0 + i0 + r] = mx + log2f(total);
             }
-            const float mx = _mm512_reduce_max_ps(m);
-            __m512 sum = _mm512_setzero_ps();
-            for (int jv = 0; jv < njb; jv++) {
-                __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
-                                                                                 _mm512_set1_ps(mx))));
-                sum = _mm512_add_ps(sum, e);
-                _mm256_store_si256((__m256i *)(p + r * MAXK + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
-            }
-            if (njb & 1) _mm256_store_si256((__m256i *)(p + r * MAXK + njb * 16), _mm256_setzero_si256());
-            const float total = _mm512_reduce_add_ps(sum);
-            inv[r] = 1.0f / total;
-            if (lse) lse[i0 + r] = mx + log2f(total);
         }
-        for (int db = 0; db < ndb; db += 4) {
-            const int cnt = ndb - db < 4 ? ndb - db : 4;
-            times_pairs(p, MAXK * 2, w->kp, njs, ndb, db, cnt, ob);
-            store_rows(ob, cnt, rows, inv, o + (int64_t)i0 * so, so, db);
-        }
+        product_rows(w->p, lk, w->kp, njs, ndb, cn, w->inv, o + (int64_t)c0 * so, so, w->ob);
     }
 }
 
@@ -328,24 +344,14 @@ static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int6
                 _mm256_store_si256((__m256i *)(dsm + r * lk + njb * 16), _mm256_setzero_si256());
             }
         }
-        for (int db = 0; db < ndb; db += 4) {
-            const int cnt = ndb - db < 4 ? ndb - db : 4;
-            times_pairs(dsm, lk * 2, w->kp, njs, ndb, db, cnt, ob);
-            store_rows(ob, cnt, rows, NULL, dq + (int64_t)i0 * sdq, sdq, db);
-        }
     }
+    /* Each product in its own pass, so that its packed B operand (up to 64 KB at 256 keys and 128 dims,
+       28 KB for ViT-S/16) stays in L1 across the row blocks instead of alternating with another. */
+    product_rows(w->dsm, lk, w->kp, njs, ndb, nq, NULL, dq, sdq, ob);   /* dq = dS k */
     transpose_bf16(w->p, lk, lq, lk, w->pt, lq);
     transpose_bf16(w->dsm, lk, lq, lk, w->dst, lq);
-    for (int j0 = 0; j0 < nk; j0 += 16) {
-        const int rows = nk - j0 < 16 ? nk - j0 : 16;
-        for (int db = 0; db < ndb; db += 4) {
-            const int cnt = ndb - db < 4 ? ndb - db : 4;
-            times_pairs(w->pt + (int64_t)j0 * lq, lq * 2, w->dop, nis, ndb, db, cnt, ob);
-            store_rows(ob, cnt, rows, NULL, dv + (int64_t)j0 * sdv, sdv, db);
-            times_pairs(w->dst + (int64_t)j0 * lq, lq * 2, w->qp, nis, ndb, db, cnt, ob);
-            store_rows(ob, cnt, rows, NULL, dk + (int64_t)j0 * sdk, sdk, db);
-        }
-    }
+    product_rows(w->pt, lq, w->dop, nis, ndb, nk, NULL, dv, sdv, ob);   /* dv = P^T g */
+    product_rows(w->dst, lq, w->qp, nis, ndb, nk, NULL, dk, sdk, ob);   /* dk = dS^T q */
 }
 
 /* Each thread's scratch, allocated on its first call and kept (about 0.9 MB a thread). */
