@@ -8,7 +8,8 @@ warm-up, then the median of several timed repeats. Each worker keeps its freed m
 large fresh output, such as the explicit path's (B, H, N, N) weights, does not also pay page faults.
 
 Implementations, attention cores on q, k, v (B, H, N, D):
-  attend            vitscope.attention.attend as shipped (its own fused/explicit choice)
+  attend            vitscope.attention.attend as shipped (its own choice: vitscope's C kernel for
+                    bfloat16 with at most 256 keys where it can run, else fused or explicit)
   fused             F.scaled_dot_product_attention called directly
   explicit          attend's explicit path as it runs when no weights are returned (bfloat16 training
                     at N <= EXPLICIT_HALF_MAX_KEYS): q @ kᵀ · scale, softmax computed in float32 and
@@ -133,10 +134,13 @@ def tutorial_attention(q, k, v):
 
 
 def _kernel_used(fn, train: bool) -> str:
-    """'fused' if fn() calls F.scaled_dot_product_attention, else 'explicit' (observed, not assumed)."""
+    """'vitscope kernel' if fn() runs vitscope's C attention kernel (vitscope/short_attention.py), 'fused'
+    if it calls F.scaled_dot_product_attention, else 'explicit' (observed, not assumed)."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
+
+    from vitscope import short_attention
 
     class Spy(TorchFunctionMode):
         fused = False
@@ -146,9 +150,15 @@ def _kernel_used(fn, train: bool) -> str:
                 Spy.fused = True
             return func(*args, **(kwargs or {}))
 
-    with Spy(), torch.set_grad_enabled(train):
-        fn()
-    return "fused" if Spy.fused else "explicit"
+    ran = []
+    real = short_attention._forward
+    short_attention._forward = lambda *a: ran.append(1) or real(*a)
+    try:
+        with Spy(), torch.set_grad_enabled(train):
+            fn()
+    finally:
+        short_attention._forward = real
+    return "vitscope kernel" if ran else "fused" if Spy.fused else "explicit"
 
 
 def _build(impl: str, b: int, n: int, dtype, train: bool):
