@@ -217,7 +217,8 @@ def run_case(spec: dict) -> dict:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             model(x[:2])
 
-    path = {"fused": "sdpa", "explicit": "explicit"}[_kernel_used(tiny_forward, train)]  # observed
+    path = {"fused": "sdpa", "explicit": "explicit", "vitscope kernel": "vitscope kernel"}[
+        _kernel_used(tiny_forward, train)]  # observed
     net = torch.compile(model) if spec["compile"] else model
     step = _make_step(net, opt, x, y, train, bf16)
     base = {**spec, "params": params, "path": path}
@@ -587,10 +588,12 @@ NOTES = (
     "block computes the class token's output alone where the head reads nothing else (token pooling), which the "
     "others compute for every token and then drop; in bfloat16 vitscope's linear layers and patch embedding run "
     "oneDNN's fused linear (the bias, and in inference fc1's GELU, inside the matmul; in training under an "
-    "autograd function with addmm's backward; vitscope/fused_linear.py). "
+    "autograd function with addmm's backward; vitscope/fused_linear.py), and on AMX CPUs vitscope's C kernels "
+    "run the attention (at most 256 keys), the training MLP's GELU with its derivative, the blocks' LayerNorms "
+    "and residual adds (vitscope/native/). "
     "With `--passes P` every case runs P times, pass after pass, each row is its case's median pass, and the "
     "targets table gives vitscope's over the other's images/s in each pass as well. attention: the kernel "
-    "observed on a tiny forward (`sdpa` when "
+    "observed on a tiny forward (`vitscope kernel` when vitscope's C attention kernel ran, `sdpa` when "
     "F.scaled_dot_product_attention was called, else `explicit`). GFLOP/s: model FLOPs (matmuls and convs, "
     "2 per multiply-add; ×3 for a training step; the same count for every implementation) per second; "
     "% of mm peak against this machine's torch.mm peak in the row's dtype. first step s: the first step alone; "
