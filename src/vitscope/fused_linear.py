@@ -80,6 +80,19 @@ def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
     return available()
 
 
+def weight_grad(g: Tensor, x: Tensor) -> Tensor:
+    """gᵀ x, g (M, out) and x (M, in) -> (out, in): a linear layer's weight gradient.
+
+    Both operands are read transposed, which oneDNN's matmul handles at a speed that depends on the
+    output's shape: measured on a Xeon with AMX at M = 6304, (out, in) = (384, 1536) took 6.4 ms as
+    gᵀ x but 4.6 as (xᵀ g)ᵀ made contiguous, while (1536, 384) took 4.2 against 6.7. So the product
+    is taken with the narrower output: xᵀ g, transposed back, when in > out (no difference at the
+    plain 28×28 ViT's shapes)."""
+    if x.shape[-1] > g.shape[-1]:
+        return (x.t() @ g).t().contiguous()
+    return g.t() @ x
+
+
 class _LinearWithGrad(torch.autograd.Function):
     """The fused kernel forward (bias inside the matmul); the backward is AddmmBackward's matmuls."""
 
@@ -101,7 +114,7 @@ class _LinearWithGrad(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             gx = (g @ weight).view(x.shape)  # (M, in)
         if ctx.needs_input_grad[1]:
-            gw = g.t() @ x.reshape(-1, x.shape[-1])  # (out, in)
+            gw = weight_grad(g, x.reshape(-1, x.shape[-1]))  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g.sum(0)
         return gx, gw, gb
