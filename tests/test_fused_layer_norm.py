@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from conftest import assert_grads_close
 from vitscope import fused_layer_norm, native
-from vitscope.models import create_model
 from vitscope.vit import Block
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.why_not()}")
@@ -79,24 +78,5 @@ def test_block_uses_it_only_when_nothing_could_see_the_dtype(monkeypatch):
 
 
 @needs_kernel
-def test_vit_training_gradients_match_pytorch_layer_norm():
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
-    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
-
-    def grads(fused):
-        fusable = fused_layer_norm.fusable
-        if not fused:
-            fused_layer_norm.fusable = lambda *a: False
-        try:
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=BF):
-                F.cross_entropy(model(x), y).backward()
-        finally:
-            fused_layer_norm.fusable = fusable
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    ours, theirs = grads(True), grads(False)
-    for name in ours:
-        scale = theirs[name].abs().max().item() + 1e-12
-        assert (ours[name] - theirs[name]).abs().max().item() / scale < 1e-2, name
+def test_vit_training_gradients_match_pytorch_layer_norm(vit_bf16_grads):
+    assert_grads_close(vit_bf16_grads(), vit_bf16_grads(off=(fused_layer_norm, "fusable")), 1e-2)

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_grads_close
 from vitscope import fused_mlp, native
-from vitscope.models import create_model
 from vitscope.vit import Mlp
 
 _w = torch.ones(2, 2, dtype=torch.bfloat16)
@@ -120,24 +120,5 @@ def test_mlp_module_uses_it_in_training_only_when_nothing_observes_its_parts(mon
 
 
 @needs_kernel
-def test_vit_training_gradients_match_the_modules():
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
-    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
-
-    def grads(fused):
-        fusable = fused_mlp.fusable
-        if not fused:
-            fused_mlp.fusable = lambda *a: False
-        try:
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=BF):
-                F.cross_entropy(model(x), y).backward()
-        finally:
-            fused_mlp.fusable = fusable
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    ours, theirs = grads(True), grads(False)
-    for name in ours:
-        scale = theirs[name].abs().max().item() + 1e-12
-        assert (ours[name] - theirs[name]).abs().max().item() / scale < 5e-2, name
+def test_vit_training_gradients_match_the_modules(vit_bf16_grads):
+    assert_grads_close(vit_bf16_grads(), vit_bf16_grads(off=(fused_mlp, "fusable")), 5e-2)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_grads_close
 from vitscope import native, short_attention
 from vitscope.attention import attend
 from vitscope.models import create_model
@@ -231,28 +232,8 @@ def test_double_backward_says_it_is_not_supported():
 
 
 @needs_kernel
-def test_vit_training_gradients_match_the_explicit_path():
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
-    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
-
-    def grads(use_kernel):
-        usable = short_attention.usable
-        if not use_kernel:
-            short_attention.usable = lambda *a: False
-        try:
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=BF):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-        finally:
-            short_attention.usable = usable
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    ours, explicit = grads(True), grads(False)
-    for name in ours:
-        scale = explicit[name].abs().max().item() + 1e-12
-        assert (ours[name] - explicit[name]).abs().max().item() / scale < 5e-2, name
+def test_vit_training_gradients_match_the_explicit_path(vit_bf16_grads):
+    assert_grads_close(vit_bf16_grads(), vit_bf16_grads(off=(short_attention, "usable")), 5e-2)
 
 
 def test_switched_off_by_environment():

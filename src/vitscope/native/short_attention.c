@@ -368,7 +368,55 @@ static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int
            h >= 1 && threads >= 1;
 }
 
-#define AT(x, i) ((x) + bi * st[3 * (i)] + hi * st[3 * (i) + 1])
+/* One call's operands: up to seven (B, H, N, D) bfloat16 tensors at strides st[3t .. 3t + 2]. */
+typedef struct {
+    const uint16_t *in[4];   /* q, k, v, and for the backward g */
+    uint16_t *out[3];        /* o, or dq, dk, dv */
+    float *lse;
+    const int64_t *st;
+    int64_t h, nq, nk, d;
+    float c, scale;
+} job_t;
+
+/* The (batch, head)'s rows of the tensor at stride slot t. */
+#define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
+#define ROW(t) (j->st[3 * (t) + 2])
+
+static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
+{
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    head_forward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
+                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
+}
+
+static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
+{
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
+                  j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
+                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w);
+}
+
+/* Runs `head` for every (batch, head) on `threads` OpenMP threads, each with its scratch, AMX's tile
+   config and subnormals off. Returns 0, or -2 when a thread's scratch could not be allocated. */
+static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const job_t *, int64_t, scratch_t *))
+{
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        scratch_t *w = scratch();
+        if (!w) failed = 1;
+        else {
+            tiles_on();
+            const unsigned csr = subnormals_off();
+#pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < b * j->h; bh++) head(j, bh, w);
+            _tile_release();
+            subnormals_restore(csr);
+        }
+    }
+    return failed ? -2 : 0;
+}
 
 /* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o);
    lse: NULL, or (B, H, Nq) float32, contiguous, for the backward. Runs on `threads` OpenMP threads.
@@ -378,26 +426,9 @@ int vs_attention_fwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, ui
                      int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX)) return -1;
-    const float c = scale * 1.4426950408889634f; /* scores go to exp2 */
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        scratch_t *w = scratch();
-        if (!w) failed = 1;
-        else {
-            tiles_on();
-            const unsigned csr = subnormals_off();
-#pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < b * h; bh++) {
-                int64_t bi = bh / h, hi = bh % h;
-                head_forward(AT(q, 0), st[2], AT(k, 1), st[5], AT(v, 2), st[8], AT(o, 3), st[11],
-                             lse ? lse + bh * nq : NULL, (int)nq, (int)nk, (int)d, c, w);
-            }
-            _tile_release();
-            subnormals_restore(csr);
-        }
-    }
-    return failed ? -2 : 0;
+    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d,
+                     scale * 1.4426950408889634f /* scores go to exp2 */, scale};
+    return each_head(&j, b, threads, forward_head);
 }
 
 /* The backward of vs_attention_fwd: q, k, v, g (the output's gradient), dq, dk, dv, all (B, H, N, D) bf16
@@ -407,25 +438,6 @@ int vs_attention_bwd(const uint16_t *q, const uint16_t *k, const uint16_t *v, co
                      int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, MAXK)) return -1;
-    const float c = scale * 1.4426950408889634f;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        scratch_t *w = scratch();
-        if (!w) failed = 1;
-        else {
-            tiles_on();
-            const unsigned csr = subnormals_off();
-#pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < b * h; bh++) {
-                int64_t bi = bh / h, hi = bh % h;
-                head_backward(AT(q, 0), st[2], AT(k, 1), st[5], AT(v, 2), st[8], AT(g, 3), st[11],
-                              lse + bh * nq, AT(dq, 4), st[14], AT(dk, 5), st[17], AT(dv, 6), st[20],
-                              (int)nq, (int)nk, (int)d, c, scale, w);
-            }
-            _tile_release();
-            subnormals_restore(csr);
-        }
-    }
-    return failed ? -2 : 0;
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
+    return each_head(&j, b, threads, backward_head);
 }
