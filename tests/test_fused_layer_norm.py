@@ -73,8 +73,11 @@ def test_block_uses_it_only_when_nothing_could_see_the_dtype(monkeypatch):
         block(x)
         handle.remove()
         assert len(calls) == 3 and seen == [torch.float32]  # norm2 unfused: its consumer's hook sees float32
+        block.mlp.fc1 = nn.Linear(64, 256)  # a replaced first layer gets what nn.LayerNorm gives
+        block(x)
+        assert len(calls) == 4
     block(x)
-    assert len(calls) == 3
+    assert len(calls) == 4
 
 
 @needs_kernel

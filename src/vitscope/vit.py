@@ -182,8 +182,9 @@ class Block(nn.Module):
     def _norm(self, norm: nn.Module, x: Tensor, consumer: nn.Module) -> Tensor:
         """norm(x); under bfloat16 autocast, straight to the bfloat16 that `consumer`'s linear layer would
         cast it to (vitscope/fused_layer_norm.py), where nothing hooked could see the difference."""
-        if (fused_layer_norm.fusable(x, norm) and type(consumer) in (MultiHeadAttention, Mlp)
-                and not (_has_hooks(norm) or _has_hooks(consumer) or _has_global_hooks())):
+        first = getattr(consumer, "fc1" if type(consumer) is Mlp else "qkv", None)  # the layer that reads it
+        if (fused_layer_norm.fusable(x, norm) and type(consumer) in (MultiHeadAttention, Mlp) and type(first) is Linear
+                and not (_has_hooks(norm) or _has_hooks(consumer) or _has_hooks(first) or _has_global_hooks())):
             return fused_layer_norm.layer_norm(x, norm)
         return norm(x)
 
