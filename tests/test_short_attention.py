@@ -282,3 +282,16 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("VITSCOPE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert native.cache_dir() == tmp_path / "x" / "vitscope" / "native"
+
+
+@needs_kernel
+def test_runnable_refuses_forward_ad_and_torch_func_tensors():
+    import torch.autograd.forward_ad as fwAD
+
+    x = torch.randn(2, 3)
+    assert native.runnable(x, None)
+    with fwAD.dual_level():
+        assert not native.runnable(fwAD.make_dual(x, torch.ones_like(x)))
+    seen = []
+    torch.func.vmap(lambda t: seen.append(native.runnable(t)) or t)(x)
+    assert seen == [False]

@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from . import native
-from .fused_linear import _transformed
 
 
 def fusable(x: Tensor, norm: nn.Module) -> bool:
@@ -33,11 +32,7 @@ def fusable(x: Tensor, norm: nn.Module) -> bool:
         return False
     if norm.weight.dtype != torch.float32 or norm.bias.dtype != torch.float32 or not x.is_contiguous():
         return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    if any(_transformed(t) for t in (x, norm.weight, norm.bias)):
-        return False
-    return native.library() is not None
+    return native.runnable(x, norm.weight, norm.bias)
 
 
 class _LayerNorm(torch.autograd.Function):

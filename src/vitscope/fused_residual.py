@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from . import native
-from .fused_linear import _transformed
 
 
 def fusable(x: Tensor, y: Tensor) -> bool:
@@ -24,9 +23,7 @@ def fusable(x: Tensor, y: Tensor) -> bool:
         return False
     if x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()):
         return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or _transformed(x) or _transformed(y):
-        return False
-    return native.library() is not None
+    return native.runnable(x, y)
 
 
 class _Add(torch.autograd.Function):

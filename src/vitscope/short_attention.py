@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from . import native
-from .fused_linear import _transformed
 
 MAX_KEYS = 256
 MAX_HEAD_DIM = 128
@@ -43,11 +42,9 @@ def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
         return False
     if not (1 <= k.shape[-2] <= MAX_KEYS and d % 32 == 0 and d <= MAX_HEAD_DIM):
         return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or any(_transformed(t) for t in (q, k, v)):
-        return False
     if _wants_grad(q, k, v) and nq > MAX_KEYS:
         return False
-    return native.library() is not None
+    return native.runnable(q, k, v)
 
 
 def _lib():

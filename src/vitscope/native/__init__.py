@@ -25,6 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import torch
+
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
 
@@ -156,6 +158,20 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot run here (see `why_not`)."""
     with _LOCK:
         return _load()
+
+
+def runnable(*tensors) -> bool:
+    """Whether the kernels may run on these tensors now: the library loaded, and no torch.compile or
+    jit trace recording, and none of them a forward-mode dual or torch.func-wrapped tensor (the
+    kernels' autograd functions have no rules for those, and their data pointers are not the
+    values). None entries are skipped."""
+    from vitscope.fused_linear import _transformed  # imports torch only; no cycle
+
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if any(_transformed(t) for t in tensors if t is not None):
+        return False
+    return library() is not None
 
 
 def why_not() -> str | None:
