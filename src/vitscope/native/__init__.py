@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from vitscope.fused_linear import _transformed
+
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
 
@@ -165,8 +167,6 @@ def runnable(*tensors) -> bool:
     jit trace recording, and none of them a forward-mode dual or torch.func-wrapped tensor (the
     kernels' autograd functions have no rules for those, and their data pointers are not the
     values). None entries are skipped."""
-    from vitscope.fused_linear import _transformed  # imports torch only; no cycle
-
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     if any(_transformed(t) for t in tensors if t is not None):
