@@ -1,11 +1,12 @@
 """Alternating in-process A/B timing of training steps, shared by the ab_*.py scripts.
 
 Every variant lives in one process and their timed rounds alternate, so a drift of the host's speed
-(about 20% here, over minutes) falls on all of them alike. A step is the bfloat16-autocast training
-step of vitscope.train: forward, cross-entropy, backward, the optimizer (fused AdamW unless a script
-chooses Muon), zero_grad. The process keeps its freed memory (vitscope/allocator.py): a bare loop of
-steps faults about twice as often as vitscope.train's loop does with glibc's defaults, and kept memory
-brings it to the trainer's speed, so it is the closer stand-in for the step users get.
+(about 20% here, over minutes) falls on all of them alike. A step is the training step of
+vitscope.train (bfloat16 autocast, or float32 with `--dtype float32`): forward, cross-entropy,
+backward, the optimizer (fused AdamW unless a script chooses Muon), zero_grad. The process keeps its
+freed memory (vitscope/allocator.py): a bare loop of steps faults about twice as often as
+vitscope.train's loop does with glibc's defaults, and kept memory brings it to the trainer's speed,
+so it is the closer stand-in for the step users get.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from vitscope import allocator
 from vitscope.cli import UsageError, parse_model_sets
 from vitscope.optim import OptimizerName, build_optimizer
 
+DTYPES = ("bfloat16", "float32")
+
 
 def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adamw", *,
-                  keep_freed_memory: bool = True) -> Callable[[], None]:
-    """One bfloat16-autocast training step of `model` on a fixed random batch, as a closure; the
-    optimizer is built as vitscope.train builds it, and the process keeps its freed memory unless
-    `keep_freed_memory` is False (see the module's docstring)."""
+                  keep_freed_memory: bool = True, dtype: str = "bfloat16") -> Callable[[], None]:
+    """One training step of `model` on a fixed random batch, as a closure, under bfloat16 autocast
+    (`dtype="float32"`: none); the optimizer is built as vitscope.train builds it, and the process
+    keeps its freed memory unless `keep_freed_memory` is False (see the module's docstring)."""
     if keep_freed_memory:
         allocator.keep_freed_memory()
     pe = model.patch_embed
@@ -37,7 +40,7 @@ def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adam
     opt = build_optimizer(optimizer, model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), device=torch.device("cpu"))
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
@@ -93,7 +96,14 @@ def parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8, help="timed steps per round and variant")
+    ap.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                    help="bfloat16: steps under bfloat16 autocast (default); float32: without autocast")
     return ap
+
+
+def step_label(args: argparse.Namespace) -> str:
+    """How the steps ran, for a table's caption: 'bfloat16 autocast' or 'float32'."""
+    return "bfloat16 autocast" if getattr(args, "dtype", "bfloat16") == "bfloat16" else "float32"
 
 
 def add_model_sets(ap: argparse.ArgumentParser) -> None:
@@ -119,7 +129,7 @@ def main(doc: str, label: str, make_steps: Callable[[str, int], dict[str, Callab
     steps = make_steps(args.model, args.batch)
     rates = alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
-    print(f"\n{args.model}, batch {args.batch}, bfloat16 autocast training step, {args.rounds} alternating "
+    print(f"\n{args.model}, batch {args.batch}, {step_label(args)} training step, {args.rounds} alternating "
           f"rounds of {args.steps} steps\n")
     first, second = steps
     print(ratio_table(rates, first, second, label))

@@ -68,13 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     for part in [None, *args.parts]:
         torch.manual_seed(0)
         model = without(create_model(args.model, **overrides), part)
-        steps["whole step" if part is None else f"without {part}"] = ab.training_step(model, args.batch)
+        name = "whole step" if part is None else f"without {part}"
+        steps[name] = ab.training_step(model, args.batch, dtype=args.dtype)
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     ms = {name: 1e3 * args.batch / statistics.median(r) for name, r in rates.items()}
     whole = ms["whole step"]
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
-    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast training step, {args.rounds} "
+    print(f"\n{args.model}{sets}, batch {args.batch}, {ab.step_label(args)} training step, {args.rounds} "
           f"alternating rounds of {args.steps} steps\n")
     print("| variant | images/s per round | ms a step (median) | the part's cost, ms | share of the step |")
     print("|---|---|---:|---:|---:|")

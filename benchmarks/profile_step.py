@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = ab.model_overrides(ap, args)
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
-    step = ab.training_step(model, args.batch, args.optimizer)
+    step = ab.training_step(model, args.batch, args.optimizer, dtype=args.dtype)
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
             step()
     print(machine_header())
     name = " ".join([args.model, *args.set])
-    print(f"\n{name}, batch {args.batch}, {args.optimizer}, bfloat16 autocast training step, "
+    print(f"\n{name}, batch {args.batch}, {args.optimizer}, {ab.step_label(args)} training step, "
           f"{args.steps} steps profiled\n")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 

@@ -32,7 +32,7 @@ def fusable(x: Tensor, norm: nn.Module) -> bool:
         return False
     if norm.weight.dtype != torch.float32 or norm.bias.dtype != torch.float32 or not x.is_contiguous():
         return False
-    return native.runnable(x, norm.weight, norm.bias)
+    return native.runnable(x, norm.weight, norm.bias, isa="avx512_bf16")
 
 
 class _LayerNorm(torch.autograd.Function):

@@ -31,7 +31,7 @@ def fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | N
         return False
     if not (fused_linear.needs_grad(x, w1, b1) or fused_linear.needs_grad(x, w2, b2)):
         return False
-    return hasattr(_KERNEL, "binary") and native.runnable(x, w1, b1, w2, b2)
+    return hasattr(_KERNEL, "binary") and native.runnable(x, w1, b1, w2, b2, isa="avx512_bf16")
 
 
 def _gelu_and_derivative(a: Tensor) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,7 @@ def fusable(x: Tensor, y: Tensor) -> bool:
         return False
     if x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()):
         return False
-    return native.runnable(x, y)
+    return native.runnable(x, y, isa="avx512_bf16")
 
 
 class _Add(torch.autograd.Function):

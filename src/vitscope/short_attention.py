@@ -1,20 +1,25 @@
-"""Attention for short bfloat16 sequences on AMX CPUs, in vitscope's own C kernels, forward and backward.
+"""Attention for short sequences on CPU in vitscope's own C kernels, forward and backward.
 
 At a ViT's sequence lengths PyTorch's kernels spend most of their time on per-block overhead: for the
-Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) its flash kernel reaches about 100
-GFLOP/s, and training there runs the explicit softmax path, which is no faster. The kernels in
-`native/short_attention.c` do a whole head's scores in AMX tiles and its softmax in AVX-512, and
-write the output straight into the (B, N, H, D) layout the projection reads. The forward keeps each
-query's log-sum-exp for training; the backward recomputes the weights from it, flash-style, and
-returns the three gradients.
+Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) its flash kernel reaches about 80
+GFLOP/s in float32 and 100 in bfloat16, and training in bfloat16 runs the explicit softmax path,
+which is no faster; around them the callers pay re-layout copies. vitscope's kernels do a whole
+head at a time and write the output straight into the (B, N, H, D) layout the projection reads:
+
+- float32 (`native/attention_f32.c`), on any CPU with AVX-512: every product one register-tiled
+  loop of broadcast-multiply-adds, the softmax in AVX-512;
+- bfloat16 (`native/short_attention.c`), on CPUs with AMX: the scores and products in AMX tiles.
+
+The forward keeps each query's log-sum-exp for training; the backward recomputes the weights from
+it, flash-style, and returns the three gradients.
 
 `attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
-bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed), head dims that
-are multiples of 32 up to 128, last dims contiguous, outside torch.compile, tracing, forward-mode AD
-and torch.func. Everything else, and every machine where the kernels cannot be built or run
-(`vitscope.native.why_not()`), keeps PyTorch's kernels. The backward is not itself differentiable
-(double backward raises). Tests hold outputs and gradients to float64 as close as PyTorch's own
-bfloat16 paths.
+float32 or bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed),
+head dims that are multiples of 16 (float32) or 32 (bfloat16) up to 128, last dims contiguous,
+outside torch.compile, tracing, forward-mode AD and torch.func. Everything else, and every machine
+where the kernels cannot be built or run (`vitscope.native.why_not("avx512")` or `("amx")`), keeps
+PyTorch's kernels. The backward is not itself differentiable (double backward raises). Tests hold
+outputs and gradients to float64 as close as PyTorch's own paths in the same dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from . import native
 
 MAX_KEYS = 256
 MAX_HEAD_DIM = 128
+# Per dtype: the instruction set its kernels need, the head-dim multiple they take, their functions.
+KERNELS = {torch.float32: ("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
+           torch.bfloat16: ("amx", 32, "vs_attention_fwd", "vs_attention_bwd")}
 
 
 def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -34,24 +42,25 @@ def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether `attend(q, k, v)` may run the kernels: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
-    if not all(t.device.type == "cpu" and t.dtype == torch.bfloat16 and t.layout == torch.strided
-               and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
+    kernel = KERNELS.get(q.dtype)
+    if kernel is None or not all(t.device.type == "cpu" and t.dtype == q.dtype and t.layout == torch.strided
+                                 and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
         return False
     b, h, nq, d = q.shape
     if k.shape != v.shape or k.shape[:2] != (b, h) or k.shape[-1] != d or min(b, h, nq) < 1:
         return False
-    if not (1 <= k.shape[-2] <= MAX_KEYS and d % 32 == 0 and d <= MAX_HEAD_DIM):
+    if not (1 <= k.shape[-2] <= MAX_KEYS and d % kernel[1] == 0 and d <= MAX_HEAD_DIM):
         return False
     if _wants_grad(q, k, v) and nq > MAX_KEYS:
         return False
-    return native.runnable(q, k, v)
+    return native.runnable(q, k, v, isa=kernel[0])
 
 
-def _lib():
-    lib = native.library()
-    if lib is None:
-        raise RuntimeError(f"vitscope's attention kernels are not available here: {native.why_not()}")
-    return lib
+def _kernel(dtype: torch.dtype, backward: bool):
+    isa, _, fwd, bwd = KERNELS[dtype]
+    if not native.has(isa):
+        raise RuntimeError(f"vitscope's {dtype} attention kernels are not available here: {native.why_not(isa)}")
+    return getattr(native.library(), bwd if backward else fwd)
 
 
 def _strides(*ts: Tensor) -> Tensor:
@@ -63,7 +72,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, lse: Tensor | None) 
     out = torch.empty(b, nq, h, d, dtype=q.dtype)
     o = out.transpose(1, 2)  # (B, H, Nq, D), written in the (B, Nq, H, D) layout
     strides = _strides(q, k, v, o)
-    status = _lib().vs_attention_fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+    status = _kernel(q.dtype, False)(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                      None if lse is None else lse.data_ptr(), b, h, nq, k.shape[-2], d,
                                      strides.data_ptr(), scale, torch.get_num_threads())
     _check(status, q, k)
@@ -86,7 +95,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lse: Tensor, dq: Tenso
         g = g.contiguous()
     b, h, nq, d = q.shape
     strides = _strides(q, k, v, g, dq, dk, dv)
-    status = _lib().vs_attention_bwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), lse.data_ptr(),
+    status = _kernel(q.dtype, True)(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), lse.data_ptr(),
                                      dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, nq, k.shape[-2], d,
                                      strides.data_ptr(), scale, torch.get_num_threads())
     _check(status, q, k)

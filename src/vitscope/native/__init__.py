@@ -1,8 +1,13 @@
 """vitscope's C kernels: built on first use with the system C compiler, cached, loaded with ctypes.
 
 Nothing here is needed for vitscope to work: where there is no compiler, the CPU lacks the
-instructions a kernel needs, or `VITSCOPE_NATIVE=0` is set, `library()` returns None and callers
-keep their PyTorch path. `why_not()` says which of these it was.
+instructions a kernel needs, or `VITSCOPE_NATIVE=0` is set, callers keep their PyTorch path.
+
+Each source is compiled for its own instruction set (`SOURCES`): the float32 attention for AVX-512
+alone (any AVX-512 CPU: Intel since Skylake-SP, AMD since Zen 4), the bfloat16 GELU, LayerNorm and
+residual kernels for AVX-512 with its bfloat16 extension, the bfloat16 attention for AMX. The
+library loads where the CPU has the first; `has(isa)` says whether a kernel of that set may run,
+and `why_not(isa)` why not.
 
 A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/native`, else
 `~/.cache/vitscope/native`), named by a hash of the source, the compiler and its flags, so an edited
@@ -32,13 +37,23 @@ from vitscope.fused_linear import _transformed
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
 
-# The instructions the kernels use; the flags name them for the compiler, and
-# /proc/cpuinfo must list every one of the features before the library is loaded.
-FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=gnu11", "-mfma", "-mavx512f", "-mavx512bw",
-         "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
-CPU_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_tile", "amx_bf16")
+# The instruction sets: each one's compiler flags, and the CPU features (/proc/cpuinfo's names) a kernel
+# compiled with them needs. Each builds on the one before it.
+_BASE_FLAGS = ["-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+_BASE_FEATURES = ("fma", "avx512f", "avx512bw", "avx512vl", "avx512dq")
+ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "avx512": (_BASE_FLAGS, _BASE_FEATURES),
+    "avx512_bf16": ([*_BASE_FLAGS, "-mavx512bf16"], (*_BASE_FEATURES, "avx512_bf16")),
+    "amx": ([*_BASE_FLAGS, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
+            (*_BASE_FEATURES, "avx512_bf16", "amx_tile", "amx_bf16")),
+}
+# Which instruction set each source is compiled for (another source: the base set).
+SOURCES = {"attention_f32.c": "avx512", "gelu.c": "avx512_bf16", "layer_norm.c": "avx512_bf16",
+           "residual.c": "avx512_bf16", "short_attention.c": "amx"}
+FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
+_isas: dict[str, str | None] = {}  # each instruction set: None where its kernels may run, else why not
 
 
 def cache_dir() -> Path:
@@ -75,10 +90,14 @@ def compiler() -> str | None:
     return None
 
 
+def _isa_flags(source: Path) -> list[str]:
+    return ISAS[SOURCES.get(source.name, "avx512")][0]
+
+
 def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Path | None = None) -> Path:
-    """Compile `sources` (and the headers beside them) into one shared library called `name`, or find the
-    one already built, and return its path. Raises RuntimeError with the compiler's message when the
-    build fails."""
+    """Compile `sources` (each for its instruction set, with the headers beside them) into one shared
+    library called `name`, or find the one already built, and return its path. Raises RuntimeError with
+    the compiler's message when the build fails."""
     cc = cc or compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set $CC, or install gcc)")
@@ -86,7 +105,8 @@ def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Pat
     inputs = sorted({*sources, *(h for f in folders for h in f.glob("*.h"))})
     text = b"".join(p.name.encode() + p.read_bytes() for p in inputs)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(text + repr((cc, version, FLAGS)).encode()).hexdigest()[:16]
+    flags = [(s.name, _isa_flags(s)) for s in sorted(sources)]
+    key = hashlib.sha256(text + repr((cc, version, FLAGS, flags)).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     target = out_dir / f"{name}-{key}.so"
     if target.exists():
@@ -96,11 +116,24 @@ def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Pat
     os.close(fd)
     try:
         includes = [f"-I{f}" for f in folders]
-        done = subprocess.run([cc, *FLAGS, *includes, "-o", tmp, *map(str, sources), "-lm"],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            names = ", ".join(s.name for s in sources)
-            raise RuntimeError(f"{Path(cc).name} could not build {names}:\n{done.stderr.strip()[-2000:]}")
+        with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-objects-") as objects:
+            objs = [str(Path(objects) / f"{s.stem}.o") for s in sources]
+            compiles = [subprocess.Popen([cc, *FLAGS, *_isa_flags(s), *includes, "-c", str(s), "-o", o],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                        for s, o in zip(sources, objs)]  # side by side: a second each
+            failed = []
+            for source, c in zip(sources, compiles):
+                err = c.communicate()[1]
+                if c.returncode:
+                    failed.append((source.name, err))
+            if not failed:
+                done = subprocess.run([cc, "-shared", "-fopenmp", "-o", tmp, *objs, "-lm"], capture_output=True,
+                                      text=True)
+                if done.returncode:
+                    failed.append((", ".join(s.name for s in sources), done.stderr))
+            if failed:
+                what, err = failed[0]
+                raise RuntimeError(f"{Path(cc).name} could not build {what}:\n{err.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -108,14 +141,19 @@ def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Pat
     return target
 
 
+def _lacking(isa: str) -> str | None:
+    missing = [f for f in ISAS[isa][1] if f not in cpu_features()]
+    return f"this CPU lacks {', '.join(missing)}" if missing else None
+
+
 def _unavailable() -> str | None:
     if os.environ.get("VITSCOPE_NATIVE", "1").strip().lower() in ("0", "no", "off", "false"):
         return "switched off by VITSCOPE_NATIVE=0"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels are for Linux on x86-64, not {platform.system()} on {platform.machine()}"
-    missing = [f for f in CPU_FEATURES if f not in cpu_features()]
-    if missing:
-        return f"this CPU lacks {', '.join(missing)}"
+    lacking = _lacking("avx512")
+    if lacking:
+        return lacking
     if compiler() is None:
         return "no C compiler found (set $CC, or install gcc)"
     return None
@@ -137,14 +175,16 @@ def _load() -> ctypes.CDLL | None:
     except (RuntimeError, OSError) as err:
         _reason = str(err)
         return None
-    if lib.vs_amx_init() != 0:
-        _reason = "the kernel refused AMX to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed)"
-        return None
+    _isas.update({isa: _lacking(isa) for isa in ISAS})
+    if _isas["amx"] is None and lib.vs_amx_init() != 0:
+        _isas["amx"] = "the kernel refused AMX to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed)"
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    lib.vs_attention_fwd.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
-    lib.vs_attention_fwd.restype = i32
-    lib.vs_attention_bwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
-    lib.vs_attention_bwd.restype = i32
+    for attention in (lib.vs_attention_fwd, lib.vs_attention_f32_fwd):
+        attention.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
+        attention.restype = i32
+    for attention in (lib.vs_attention_bwd, lib.vs_attention_f32_bwd):
+        attention.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
+        attention.restype = i32
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]
     lib.vs_gelu_fwd.restype = None
     lib.vs_layer_norm_fwd.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
@@ -162,8 +202,14 @@ def library() -> ctypes.CDLL | None:
         return _load()
 
 
-def runnable(*tensors) -> bool:
-    """Whether the kernels may run on these tensors now: the library loaded, and no torch.compile or
+def has(isa: str) -> bool:
+    """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
+    has the instructions."""
+    return library() is not None and _isas.get(isa) is None
+
+
+def runnable(*tensors, isa: str) -> bool:
+    """Whether the kernels of `isa` may run on these tensors now: `has(isa)`, and no torch.compile or
     jit trace recording, and none of them a forward-mode dual or torch.func-wrapped tensor (the
     kernels' autograd functions have no rules for those, and their data pointers are not the
     values). None entries are skipped."""
@@ -171,10 +217,12 @@ def runnable(*tensors) -> bool:
         return False
     if any(_transformed(t) for t in tensors if t is not None):
         return False
-    return library() is not None
+    return has(isa)
 
 
-def why_not() -> str | None:
-    """Why `library()` is None; None when it loaded."""
-    library()
-    return _reason
+def why_not(isa: str | None = None) -> str | None:
+    """Why the library did not load (or, given `isa`, why that instruction set's kernels cannot run);
+    None when they can."""
+    if library() is None:
+        return _reason
+    return None if isa is None else _isas[isa]

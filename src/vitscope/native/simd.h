@@ -36,4 +36,28 @@ static inline unsigned subnormals_off(void)
 
 static inline void subnormals_restore(unsigned csr) { _mm_setcsr(csr); }
 
+/* r[i][j] (16 x 16 dwords) -> r[j][i] */
+static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        __m512i a = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44), b = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44);
+        __m512i c = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xee), e = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xee);
+        r[m] = _mm512_shuffle_i32x4(a, b, 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(a, b, 0xdd);
+        r[8 + m] = _mm512_shuffle_i32x4(c, e, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(c, e, 0xdd);
+    }
+}
+
 #endif

@@ -1,0 +1,182 @@
+"""vitscope's float32 attention kernel (short sequences, AVX-512) against float64, PyTorch's kernels and
+torch.nn.MultiheadAttention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_grads_close
+from vitscope import native, short_attention
+from vitscope.attention import MultiHeadAttention, attend
+from vitscope.models import create_model
+
+needs_kernel = pytest.mark.skipif(not native.has("avx512"), reason=f"kernel unavailable: {native.why_not('avx512')}")
+SHAPES = [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 16), (15, 16, 32), (16, 17, 64), (33, 31, 96),
+          (64, 256, 128), (100, 255, 48), (256, 256, 16)]
+
+
+def _qkv(b, h, nq, nk, d, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, nq, d, generator=gen, dtype=torch.float64) * 1.5
+    k = torch.randn(b, h, nk, d, generator=gen, dtype=torch.float64) * 1.5
+    v = torch.randn(b, h, nk, d, generator=gen, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _grads(fn, q, k, v, g):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(g)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@needs_kernel
+@pytest.mark.parametrize("nq,nk,d", [*SHAPES, (300, 40, 32), (529, 256, 64)])
+def test_forward_matches_float64_as_closely_as_pytorch(nq, nk, d):
+    q, k, v = _qkv(2, 3, nq, nk, d)
+    ref = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)))
+    with torch.inference_mode():
+        ours = short_attention.attend(q, k, v)
+        theirs = F.scaled_dot_product_attention(q, k, v)
+    assert ours.shape == theirs.shape == (2, 3, nq, d) and ours.dtype == torch.float32
+    err, err_theirs = ((x.double() - ref).abs().max().item() for x in (ours, theirs))
+    assert err <= 2 * err_theirs + 1e-6, (err, err_theirs)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("nq,nk,d", SHAPES)
+def test_gradients_match_float64_as_closely_as_pytorch(nq, nk, d):
+    q, k, v = _qkv(2, 3, nq, nk, d, seed=3)
+    g = torch.randn(2, 3, nq, d, generator=torch.Generator().manual_seed(4))
+    ref = _grads(F.scaled_dot_product_attention, q.double(), k.double(), v.double(), g.double())
+    ours = _grads(short_attention.attend, q, k, v, g)
+    theirs = _grads(F.scaled_dot_product_attention, q, k, v, g)
+    for name, a, t, r in zip(("out", "dq", "dk", "dv"), ours, theirs, ref):
+        scale = r.abs().max().item()
+        err, err_theirs = (a.double() - r).abs().max().item() / scale, (t.double() - r).abs().max().item() / scale
+        assert a.dtype == torch.float32 and a.shape == r.shape, name
+        assert err <= 2 * err_theirs + 1e-6, (name, err, err_theirs)
+
+
+@needs_kernel
+def test_large_scores_give_a_one_hot_softmax():
+    q, k, v = _qkv(1, 2, 20, 40, 32)
+    q = q * 100  # scores in the thousands: exp must neither overflow nor go subnormal
+    with torch.inference_mode():
+        out = short_attention.attend(q, k, v)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_thread_count_does_not_change_the_result():
+    q, k, v = _qkv(5, 3, 50, 50, 32)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            many = short_attention.attend(q, k, v)
+            torch.set_num_threads(1)
+            one = short_attention.attend(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(many, one)
+
+
+@needs_kernel
+def test_attend_routes_only_what_the_kernel_computes():
+    q, k, v = _qkv(2, 2, 50, 50, 32)
+    assert short_attention.usable(q, k, v)
+    with torch.inference_mode():
+        assert attend(q, k, v).transpose(1, 2).is_contiguous()  # the kernel's (B, N, H, D) layout
+    assert short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # multiples of 16, not only of 32
+    assert not short_attention.usable(*_qkv(1, 1, 8, 8, 40))
+    assert not short_attention.usable(*_qkv(1, 1, 8, 257, 32))  # more keys than the kernel holds
+    assert not short_attention.usable(*_qkv(1, 1, 8, 8, 32, dtype=torch.float64))
+    long_q = _qkv(1, 1, 300, 8, 32)[0].requires_grad_()
+    assert not short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])  # the backward holds 256 queries
+    with torch.no_grad():
+        assert short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])
+        mask = torch.rand(2, 1, 50, 50) > 0.3
+        sdpa = F.scaled_dot_product_attention
+        torch.testing.assert_close(attend(q, k, v, mask=mask), sdpa(q, k, v, attn_mask=mask))
+        torch.testing.assert_close(attend(q, k, v, causal=True), sdpa(q, k, v, is_causal=True))
+
+
+@needs_kernel
+@pytest.mark.parametrize("queries", [None, 1, 7])
+def test_attend_qkv_matches_float64_through_the_split(queries):
+    b, n, h, d = 3, 50, 4, 32
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(b, n, 3 * h * d, generator=gen)
+    nq = n if queries is None else queries
+    g = torch.randn(b, nq, h * d * 2, generator=gen)[..., ::2]  # a non-contiguous output gradient
+
+    def split_path(t):
+        q, k, v = t.view(b, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        q = q if queries is None else q[:, :, :queries]
+        return F.scaled_dot_product_attention(q, k, v, scale=0.2).transpose(1, 2).reshape(b, nq, h * d)
+
+    x = qkv.clone().requires_grad_()
+    assert short_attention.usable_qkv(x, h, queries)
+    out = short_attention.attend_qkv(x, h, 0.2, queries)
+    out.backward(g)
+    ref_x = qkv.double().requires_grad_()
+    ref = split_path(ref_x)
+    ref.backward(g.double())
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad.double(), ref_x.grad, atol=1e-5, rtol=1e-5)
+    if queries is not None:  # queries past the first n get no gradient
+        assert x.grad.view(b, n, 3, h, d)[:, queries:, 0].abs().max() == 0
+
+
+@needs_kernel
+def test_multi_head_attention_matches_torch_multihead_attention(monkeypatch):
+    calls = []
+    real = short_attention.attend_qkv
+    monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    ours = MultiHeadAttention(128, 4)
+    ref = torch.nn.MultiheadAttention(128, 4, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(ours.qkv.weight)
+        ref.in_proj_bias.copy_(ours.qkv.bias)
+        ref.out_proj.weight.copy_(ours.proj.weight)
+        ref.out_proj.bias.copy_(ours.proj.bias)
+    x = torch.randn(4, 50, 128)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, ref_out = ours(xa), ref(xb, xb, xb, need_weights=False)[0]
+    assert calls == [1]  # the kernel ran, straight from qkv
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    out.square().sum().backward()
+    ref_out.square().sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours.qkv.weight.grad, ref.in_proj_weight.grad, atol=1e-5, rtol=1e-4)
+
+
+@needs_kernel
+def test_vit_training_gradients_match_pytorch_kernels(monkeypatch):
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+
+    def grads():
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours = grads()
+    monkeypatch.setattr(short_attention, "usable", lambda *a: False)
+    assert_grads_close(ours, grads(), 1e-4)
+
+
+@needs_kernel
+def test_double_backward_says_it_is_not_supported():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 8, 8, 32))
+    out = short_attention.attend(q, k, v)
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gq.sum().backward()

@@ -1,0 +1,106 @@
+"""vitscope's C kernels as a library: building, caching, and which instruction sets may run where."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitscope import native, short_attention
+from vitscope.attention import attend
+
+needs_library = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.why_not()}")
+
+
+def test_switched_off_by_environment():
+    code = "from vitscope import native; print(native.library() is None, native.why_not())"
+    env = {**os.environ, "VITSCOPE_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True switched off by VITSCOPE_NATIVE=0"
+
+
+@pytest.mark.skipif(native.compiler() is None, reason="no C compiler")
+def test_build_caches_by_source_and_reports_compiler_errors(tmp_path):
+    src = tmp_path / "tiny.c"
+    src.write_text("int vs_answer(void) { return 42; }\n")
+    first = native.build([src], "tiny", out_dir=tmp_path / "cache")
+    assert native.build([src], "tiny", out_dir=tmp_path / "cache") == first  # built once
+    import ctypes
+    assert ctypes.CDLL(str(first)).vs_answer() == 42
+    src.write_text("int vs_answer(void) { return 43; }\n")
+    assert native.build([src], "tiny", out_dir=tmp_path / "cache") != first  # an edited source builds afresh
+    src.write_text("int vs_answer(void) { return }\n")
+    with pytest.raises(RuntimeError, match="could not build tiny.c"):
+        native.build([src], "tiny", out_dir=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no half-written files
+
+
+def test_build_without_a_compiler(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        native.build([tmp_path / "x.c"], "x")
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VITSCOPE_CACHE", str(tmp_path / "c"))
+    assert native.cache_dir() == tmp_path / "c" / "native"
+    monkeypatch.delenv("VITSCOPE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert native.cache_dir() == tmp_path / "x" / "vitscope" / "native"
+
+
+@needs_library
+def test_runnable_refuses_forward_ad_and_torch_func_tensors():
+    import torch.autograd.forward_ad as fwAD
+
+    x = torch.randn(2, 3)
+    assert native.runnable(x, None, isa="avx512")
+    with fwAD.dual_level():
+        assert not native.runnable(fwAD.make_dual(x, torch.ones_like(x)), isa="avx512")
+    seen = []
+    torch.func.vmap(lambda t: seen.append(native.runnable(t, isa="avx512")) or t)(x)
+    assert seen == [False]
+
+
+@pytest.mark.parametrize("dtype,isa", [(torch.float32, "avx512"), (torch.bfloat16, "amx")])
+def test_unavailable_kernel_raises_a_clear_error(monkeypatch, dtype, isa):
+    monkeypatch.setattr(native, "has", lambda name: False)
+    monkeypatch.setattr(native, "why_not", lambda name=None: f"this CPU lacks the {name} instructions")
+    q, k, v = torch.randn(3, 1, 1, 4, 32).to(dtype).unbind(0)
+    assert not short_attention.usable(q, k, v)
+    with pytest.raises(RuntimeError, match=f"lacks the {isa} instructions"):
+        short_attention.attend(q, k, v)
+    with torch.inference_mode():  # and attend() keeps PyTorch's kernel
+        torch.testing.assert_close(attend(q, k, v), F.scaled_dot_product_attention(q, k, v))
+
+
+def test_each_instruction_set_needs_the_one_before_it():
+    names = list(native.ISAS)
+    for smaller, larger in zip(names, names[1:]):
+        assert set(native.ISAS[smaller][1]) < set(native.ISAS[larger][1])
+        assert set(native.ISAS[smaller][0]) < set(native.ISAS[larger][0])
+    assert set(native.SOURCES.values()) <= set(names)
+    assert set(native.SOURCES) == {p.name for p in native._HERE.glob("*.c")}  # every source has its set
+
+
+def test_an_instruction_set_runs_only_where_the_cpu_lists_its_features(monkeypatch):
+    features = set(native.ISAS["avx512_bf16"][1])
+    monkeypatch.setattr(native, "cpu_features", lambda: features)
+    assert native._lacking("avx512") is None and native._lacking("avx512_bf16") is None
+    assert native._lacking("amx") == "this CPU lacks amx_tile, amx_bf16"
+    monkeypatch.setattr(native, "cpu_features", lambda: features - {"avx512bw"})
+    assert native._lacking("avx512") == "this CPU lacks avx512bw"
+
+
+@needs_library
+def test_what_this_machine_runs_is_what_its_cpu_has():
+    have = native.cpu_features()
+    for isa, (_, features) in native.ISAS.items():
+        if not set(features) <= have:
+            assert not native.has(isa) and "lacks" in native.why_not(isa)
+        elif isa != "amx":  # AMX may also be refused by the kernel (arch_prctl)
+            assert native.has(isa) and native.why_not(isa) is None
