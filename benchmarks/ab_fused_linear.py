@@ -28,12 +28,13 @@ from vitscope import allocator, fused_linear  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 
-def inference_step(model: torch.nn.Module, batch: int) -> Callable[[], None]:
+def inference_step(model: torch.nn.Module, batch: int, dtype: str = "bfloat16") -> Callable[[], None]:
+    """One inference forward on a fixed random batch, under bfloat16 autocast (`dtype="float32"`: none)."""
     pe = model.patch_embed
     x = torch.randn(batch, pe.in_chans, *pe.img_size)
 
     def step() -> None:
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             model(x)
 
     return step
