@@ -104,3 +104,18 @@ def test_what_this_machine_runs_is_what_its_cpu_has():
             assert not native.has(isa) and "lacks" in native.why_not(isa)
         elif isa != "amx":  # AMX may also be refused by the kernel (arch_prctl)
             assert native.has(isa) and native.why_not(isa) is None
+
+
+def test_every_kernel_source_and_header_ships_in_the_package():
+    """A wheel carries only what pyproject's package-data names: a missing header fails every build."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vitscope"]
+    folder = root / "src" / "vitscope" / "native"
+    needed = [p.name for p in folder.iterdir() if p.suffix in {".c", ".h"}]
+    assert "simd.h" in needed
+    for name in needed:
+        assert any(fnmatch.fnmatch(f"native/{name}", g) for g in globs), f"{name} is not in package-data"
