@@ -7,7 +7,8 @@
     python benchmarks/ab_short_attention.py --dtype float32 ...   # the float32 kernel (AVX-512)
 
 vitscope/short_attention.py runs its own kernels for attention with at most 256 keys: in bfloat16 on
-AMX CPUs (vitscope/native/short_attention.c), in float32 on AVX-512 CPUs (native/attention_f32.c).
+AMX CPUs (vitscope/native/short_attention.c) or, without AMX, with AVX512-BF16 (native/attention_bf16.c),
+in float32 on AVX-512 CPUs (native/attention_f32.c).
 This times one model's inference forwards (`torch.inference_mode`, a fixed random batch), or with
 `--training` its training steps (benchmarks/_ab.py), under bfloat16 autocast or in float32
 (`--dtype`), with the kernels and with them switched off (PyTorch's flash kernel, or in bfloat16
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
-from vitscope import allocator, native, short_attention  # noqa: E402
+from vitscope import allocator, short_attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 SHAPES = [(256, 4, 50, 32), (64, 6, 197, 64)]  # (B, H, N, D): the plain Fashion-MNIST ViT and ViT-S/16
@@ -73,9 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--training", action="store_true", help="time training steps instead of inference forwards")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    isa = short_attention.KERNELS[dtype][0]
-    if not native.has(isa):
-        sys.exit(f"vitscope's {args.dtype} attention kernel cannot run here: {native.why_not(isa)}")
+    kernel = short_attention.kernel_for(dtype)
+    if kernel is None:
+        sys.exit(f"vitscope's {args.dtype} attention kernel cannot run here: {short_attention.why_not(dtype)}")
     allocator.keep_freed_memory()  # as `vitscope eval` does
     if args.attention_only:
         print(machine_header())

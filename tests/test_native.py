@@ -109,8 +109,9 @@ def test_what_this_machine_runs_is_what_its_cpu_has():
 def test_every_kernel_source_and_header_ships_in_the_package():
     """A wheel carries only what pyproject's package-data names: a missing header fails every build."""
     import fnmatch
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vitscope"]

@@ -1,4 +1,5 @@
-"""vitscope's bfloat16 AMX attention kernel (short sequences) against float64 and PyTorch's kernels."""
+"""vitscope's bfloat16 attention kernels (short sequences), each build this CPU runs (AMX, AVX512-BF16),
+against float64 and PyTorch's kernels."""
 
 from __future__ import annotations
 
@@ -11,8 +12,17 @@ from vitscope import native, short_attention
 from vitscope.attention import attend
 from vitscope.models import create_model
 
-needs_kernel = pytest.mark.skipif(not native.has("amx"), reason=f"kernel unavailable: {native.why_not('amx')}")
 BF = torch.bfloat16
+
+
+@pytest.fixture(autouse=True, params=short_attention.KERNELS[BF], ids=lambda k: k.isa)
+def build(request, monkeypatch):
+    """Every test runs once per bfloat16 build, that build alone chosen, where this CPU runs it."""
+    kernel = request.param
+    if not native.has(kernel.isa):
+        pytest.skip(f"{kernel.isa} kernel unavailable: {native.why_not(kernel.isa)}")
+    monkeypatch.setitem(short_attention.KERNELS, BF, (kernel,))
+    return kernel
 
 
 def _qkv(b, h, nq, nk, d, seed=0):
@@ -28,7 +38,6 @@ def _err(out, q, k, v, scale=None):
     return (out.double() - ref).abs().max().item()
 
 
-@needs_kernel
 @pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 32), (15, 16, 32),
                                      (16, 17, 64), (33, 31, 96), (64, 256, 128), (100, 255, 32), (17, 33, 64),
                                      (300, 40, 32), (529, 256, 64)])
@@ -43,7 +52,6 @@ def test_matches_float64_as_closely_as_pytorch(nq, nk, d):
     torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
 
 
-@needs_kernel
 def test_strided_views_of_qkv_and_scale():
     b, n, h, d = 4, 50, 4, 32
     qkv = torch.randn(b, n, 3, h, d, generator=torch.Generator().manual_seed(1)).to(BF)
@@ -55,7 +63,6 @@ def test_strided_views_of_qkv_and_scale():
     assert out.transpose(1, 2).is_contiguous()  # written in the (B, N, H, D) layout the projection reads
 
 
-@needs_kernel
 def test_large_scores_and_one_hot_softmax():
     q, k, v = _qkv(1, 2, 20, 40, 32)
     q = q * 40  # scores in the thousands: the softmax is one-hot, as exp must not overflow
@@ -65,7 +72,6 @@ def test_large_scores_and_one_hot_softmax():
     assert _err(out, q, k, v) < 2e-2
 
 
-@needs_kernel
 def test_thread_count_does_not_change_the_result():
     q, k, v = _qkv(5, 3, 50, 50, 32)
     threads = torch.get_num_threads()
@@ -79,7 +85,6 @@ def test_thread_count_does_not_change_the_result():
     assert torch.equal(many, one)
 
 
-@needs_kernel
 def test_attend_routes_only_what_the_kernel_computes_exactly():
     q, k, v = _qkv(2, 2, 50, 50, 32)
     with torch.inference_mode():
@@ -102,7 +107,6 @@ def test_attend_routes_only_what_the_kernel_computes_exactly():
                                    F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
-@needs_kernel
 def test_vit_inference_matches_pytorch_kernel():
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0).eval()
@@ -132,7 +136,6 @@ def _explicit_bf16(q, k, v):  # attend's training path without the kernels
     return w @ v
 
 
-@needs_kernel
 @pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (197, 197, 64), (1, 50, 32), (17, 33, 64), (40, 7, 96),
                                      (256, 256, 128), (16, 16, 32)])
 def test_gradients_match_float64_better_than_the_explicit_path(nq, nk, d):
@@ -149,7 +152,6 @@ def test_gradients_match_float64_better_than_the_explicit_path(nq, nk, d):
         assert err <= max(err_explicit, 8e-3), (name, err, err_explicit)
 
 
-@needs_kernel
 def test_gradients_through_qkv_views_and_a_strided_output_gradient():
     b, n, h, d = 3, 50, 4, 32
     gen = torch.Generator().manual_seed(4)
@@ -168,7 +170,6 @@ def test_gradients_through_qkv_views_and_a_strided_output_gradient():
     assert (x.grad.double() - ref.grad).abs().max() / ref.grad.abs().max() < 8e-3
 
 
-@needs_kernel
 @pytest.mark.parametrize("queries", [None, 1, 7])
 def test_attend_qkv_matches_the_split_path(queries):
     b, n, h, d = 3, 50, 4, 32
@@ -199,7 +200,6 @@ def test_attend_qkv_matches_the_split_path(queries):
         torch.testing.assert_close(short_attention.attend_qkv(qkv, h, 0.2, queries), out.detach())
 
 
-@needs_kernel
 def test_multi_head_attention_takes_the_qkv_path_only_when_nothing_else_is_asked(monkeypatch):
     from vitscope.attention import MultiHeadAttention
 
@@ -219,7 +219,6 @@ def test_multi_head_attention_takes_the_qkv_path_only_when_nothing_else_is_asked
         assert calls == [1]
 
 
-@needs_kernel
 def test_double_backward_says_it_is_not_supported():
     q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 8, 8, 32))
     out = short_attention.attend(q, k, v)
@@ -228,6 +227,5 @@ def test_double_backward_says_it_is_not_supported():
         gq.float().sum().backward()
 
 
-@needs_kernel
 def test_vit_training_gradients_match_the_explicit_path(vit_bf16_grads):
     assert_grads_close(vit_bf16_grads(), vit_bf16_grads(off=(short_attention, "usable")), 5e-2)

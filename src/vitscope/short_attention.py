@@ -8,7 +8,9 @@ head at a time and write the output straight into the (B, N, H, D) layout the pr
 
 - float32 (`native/attention_f32.c`), on any CPU with AVX-512: every product one register-tiled
   loop of broadcast-multiply-adds, the softmax in AVX-512;
-- bfloat16 (`native/short_attention.c`), on CPUs with AMX: the scores and products in AMX tiles.
+- bfloat16 (`native/attention_bf16.h`), the scores and products in AMX tiles on CPUs with AMX
+  (`native/short_attention.c`), else in AVX512-BF16's pair dot products (`native/attention_bf16.c`:
+  AMD Zen 4 and later), on operands packed alike.
 
 The forward keeps each query's log-sum-exp for training; the backward recomputes the weights from
 it, flash-style, and returns the three gradients.
@@ -17,12 +19,14 @@ it, flash-style, and returns the three gradients.
 float32 or bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed),
 head dims that are multiples of 16 (float32) or 32 (bfloat16) up to 128, last dims contiguous,
 outside torch.compile, tracing, forward-mode AD and torch.func. Everything else, and every machine
-where the kernels cannot be built or run (`vitscope.native.why_not("avx512")` or `("amx")`), keeps
+where the kernels cannot be built or run (`why_not(dtype)` says why), keeps
 PyTorch's kernels. The backward is not itself differentiable (double backward raises). Tests hold
 outputs and gradients to float64 as close as PyTorch's own paths in the same dtype.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -31,9 +35,39 @@ from . import native
 
 MAX_KEYS = 256
 MAX_HEAD_DIM = 128
-# Per dtype: the instruction set its kernels need, the head-dim multiple they take, their functions.
-KERNELS = {torch.float32: ("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
-           torch.bfloat16: ("amx", 32, "vs_attention_fwd", "vs_attention_bwd")}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One build of the kernels: the instruction set it needs, the head-dim multiple it takes, its
+    forward and backward functions in the native library."""
+
+    isa: str
+    head_dim_multiple: int
+    forward: str
+    backward: str
+
+
+# Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
+KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),),
+           torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd"),
+                            Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd"))}
+
+
+def kernel_for(dtype: torch.dtype) -> Kernel | None:
+    """The build that runs `dtype` here, or None where none can (`why_not` says why)."""
+    builds = KERNELS.get(dtype, ())
+    return next((k for k in builds if native.has(k.isa)), None)
+
+
+def why_not(dtype: torch.dtype) -> str | None:
+    """Why no kernel runs `dtype` here, or None when one does."""
+    builds = KERNELS.get(dtype, ())
+    if not builds:
+        return f"vitscope has no attention kernel for {dtype}"
+    if kernel_for(dtype) is not None:
+        return None
+    return "; ".join(f"{k.isa}: {native.why_not(k.isa)}" for k in builds)
 
 
 def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -42,25 +76,25 @@ def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether `attend(q, k, v)` may run the kernels: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
-    kernel = KERNELS.get(q.dtype)
+    kernel = kernel_for(q.dtype)
     if kernel is None or not all(t.device.type == "cpu" and t.dtype == q.dtype and t.layout == torch.strided
                                  and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
         return False
     b, h, nq, d = q.shape
     if k.shape != v.shape or k.shape[:2] != (b, h) or k.shape[-1] != d or min(b, h, nq) < 1:
         return False
-    if not (1 <= k.shape[-2] <= MAX_KEYS and d % kernel[1] == 0 and d <= MAX_HEAD_DIM):
+    if not (1 <= k.shape[-2] <= MAX_KEYS and d % kernel.head_dim_multiple == 0 and d <= MAX_HEAD_DIM):
         return False
     if _wants_grad(q, k, v) and nq > MAX_KEYS:
         return False
-    return native.runnable(q, k, v, isa=kernel[0])
+    return native.runnable(q, k, v, isa=kernel.isa)
 
 
 def _kernel(dtype: torch.dtype, backward: bool):
-    isa, _, fwd, bwd = KERNELS[dtype]
-    if not native.has(isa):
-        raise RuntimeError(f"vitscope's {dtype} attention kernels are not available here: {native.why_not(isa)}")
-    return getattr(native.library(), bwd if backward else fwd)
+    kernel = kernel_for(dtype)
+    if kernel is None:
+        raise RuntimeError(f"vitscope's {dtype} attention kernels are not available here: {why_not(dtype)}")
+    return getattr(native.library(), kernel.backward if backward else kernel.forward)
 
 
 def _strides(*ts: Tensor) -> Tensor:

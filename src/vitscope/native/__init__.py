@@ -48,8 +48,8 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
             (*_BASE_FEATURES, "avx512_bf16", "amx_tile", "amx_bf16")),
 }
 # Which instruction set each source is compiled for (another source: the base set).
-SOURCES = {"attention_f32.c": "avx512", "gelu.c": "avx512_bf16", "layer_norm.c": "avx512_bf16",
-           "residual.c": "avx512_bf16", "short_attention.c": "amx"}
+SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "gelu.c": "avx512_bf16",
+           "layer_norm.c": "avx512_bf16", "residual.c": "avx512_bf16", "short_attention.c": "amx"}
 FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
@@ -179,10 +179,10 @@ def _load() -> ctypes.CDLL | None:
     if _isas["amx"] is None and lib.vs_amx_init() != 0:
         _isas["amx"] = "the kernel refused AMX to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed)"
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    for attention in (lib.vs_attention_fwd, lib.vs_attention_f32_fwd):
+    for attention in (lib.vs_attention_fwd, lib.vs_attention_bf16_fwd, lib.vs_attention_f32_fwd):
         attention.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
         attention.restype = i32
-    for attention in (lib.vs_attention_bwd, lib.vs_attention_f32_bwd):
+    for attention in (lib.vs_attention_bwd, lib.vs_attention_bf16_bwd, lib.vs_attention_f32_bwd):
         attention.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
         attention.restype = i32
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]

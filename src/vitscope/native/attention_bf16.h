@@ -1,0 +1,339 @@
+/* The bfloat16 short-sequence attention kernels' body, shared by the AMX build (short_attention.c) and
+   the AVX512-BF16 build (attention_bf16.c): the operand packing, the softmax, the forward and backward
+   of one (batch, head), and the OpenMP driver. The file including this defines first the two products
+   (`scores`, `times_pairs`), `products_on` / `products_off` around a thread's work, and the names of
+   the entry points, ATTENTION_FWD and ATTENTION_BWD.
+
+   Operands follow AMX's tile layouts whichever unit multiplies: an A operand is 16 rows of 32
+   bfloat16 (a row stride in bytes), a B operand 16 rows of 16 dwords, each dword a pair of bfloat16
+   along the sum. */
+#ifndef VS_ATTENTION_BF16_H
+#define VS_ATTENTION_BF16_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+#define MAXK 256
+#define MAXD 128
+
+/* y (n rows, d cols, row stride sy) as the B operand of x y^T: for 16 rows and 32 cols at a time, the
+   16 x 16 transpose of (row, col pair) dwords. dst[(jb * (d / 32) + ds) * 256 + r * 16 + c]; rows
+   past n are 0. */
+static void pack_transposed(const uint16_t *y, int64_t sy, int n, int d, uint32_t *dst)
+{
+    const int nb = (n + 15) / 16, nds = d / 32;
+    for (int jb = 0; jb < nb; jb++)
+        for (int ds = 0; ds < nds; ds++) {
+            __m512i r[16];
+            for (int c = 0; c < 16; c++) {
+                int row = jb * 16 + c;
+                r[c] = row < n ? _mm512_loadu_si512(y + (int64_t)row * sy + ds * 32) : _mm512_setzero_si512();
+            }
+            transpose16(r);
+            for (int rr = 0; rr < 16; rr++) _mm512_store_si512(dst + (jb * nds + ds) * 256 + rr * 16, r[rr]);
+        }
+}
+
+/* y (n rows, d cols) as the B operand of x y, the sum running over y's rows: rows 2r and 2r+1
+   interleaved element by element, 16 cols a tile. dst[(js * (d / 16) + db) * 512 + r * 32 + 2c + p];
+   rows past n are 0. */
+static void pack_pairs(const uint16_t *y, int64_t sy, int n, int d, uint16_t *dst)
+{
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const int ns = (n + 31) / 32, ndb = d / 16;
+    for (int js = 0; js < ns; js++)
+        for (int r = 0; r < 16; r++) {
+            int k0 = js * 32 + 2 * r, k1 = k0 + 1;
+            for (int e = 0; e < d / 32; e++) {
+                __m512i a = k0 < n ? _mm512_loadu_si512(y + (int64_t)k0 * sy + e * 32) : _mm512_setzero_si512();
+                __m512i b = k1 < n ? _mm512_loadu_si512(y + (int64_t)k1 * sy + e * 32) : _mm512_setzero_si512();
+                _mm512_store_si512(dst + (js * ndb + 2 * e) * 512 + r * 32, _mm512_permutex2var_epi16(a, lo, b));
+                _mm512_store_si512(dst + (js * ndb + 2 * e + 1) * 512 + r * 32, _mm512_permutex2var_epi16(a, hi, b));
+            }
+        }
+}
+
+/* x (rows, cols; both multiples of 32; row length lx) -> its transpose (row length ly), bfloat16. */
+static void transpose_bf16(const uint16_t *x, int64_t lx, int rows, int cols, uint16_t *y, int64_t ly)
+{
+    const __m512i even = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32,
+                                          30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    for (int i0 = 0; i0 < rows; i0 += 32)
+        for (int j0 = 0; j0 < cols; j0 += 32) {
+            __m512i a[16], b[16];
+            for (int r = 0; r < 16; r++) {
+                a[r] = _mm512_loadu_si512(x + (int64_t)(i0 + r) * lx + j0);
+                b[r] = _mm512_loadu_si512(x + (int64_t)(i0 + 16 + r) * lx + j0);
+            }
+            transpose16(a);  /* a[m]: (x[c][j0 + 2m], x[c][j0 + 2m + 1]) for c = i0 .. i0 + 15 */
+            transpose16(b);
+            for (int m = 0; m < 16; m++) {
+                _mm512_storeu_si512(y + (int64_t)(j0 + 2 * m) * ly + i0, _mm512_permutex2var_epi16(a[m], even, b[m]));
+                _mm512_storeu_si512(y + (int64_t)(j0 + 2 * m + 1) * ly + i0, _mm512_permutex2var_epi16(a[m], odd, b[m]));
+            }
+        }
+}
+
+/* Rows [i0, i0 + 16) of x (n rows, d cols, stride sx) as an A operand: the rows themselves, or, for the
+   last partial block, a zero-padded copy in pad (16 x MAXD). Sets *stride in bytes. */
+static const uint16_t *rows16(const uint16_t *x, int64_t sx, int i0, int n, int d, uint16_t *pad, int64_t *stride)
+{
+    if (n - i0 >= 16) {
+        *stride = sx * 2;
+        return x + (int64_t)i0 * sx;
+    }
+    memset(pad, 0, 16 * MAXD * 2);
+    for (int r = 0; r < n - i0; r++) memcpy(pad + r * MAXD, x + (int64_t)(i0 + r) * sx, (size_t)d * 2);
+    *stride = MAXD * 2;
+    return pad;
+}
+
+/* Rows [0, rows) of ob[cnt][16][16] (float32, times scale[r] when given) rounded into out's 16-col blocks
+   db0 .. db0 + cnt - 1 (row stride so). */
+static void store_rows(const float *ob, int cnt, int rows, const float *scale, uint16_t *out, int64_t so, int db0)
+{
+    for (int e = 0; e < cnt; e++)
+        for (int r = 0; r < rows; r++) {
+            __m512 y = _mm512_load_ps(ob + e * 256 + r * 16);
+            if (scale) y = _mm512_mul_ps(y, _mm512_set1_ps(scale[r]));
+            _mm256_storeu_si256((__m256i *)(out + (int64_t)r * so + (db0 + e) * 16), (__m256i)_mm512_cvtneps_pbh(y));
+        }
+}
+
+static inline __mmask16 lanes(int n, int jv) { int left = n - jv * 16; return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u); }
+
+/* out (n rows, stride so) = a (bfloat16, row length la) times pair-packed y, 16 rows at a time, each row
+   times scale[row] when scale is given. */
+static void product_rows(const uint16_t *a, int64_t la, const uint16_t *yp, int ns, int kn, int ndb, int n,
+                         const float *scale,
+                         uint16_t *out, int64_t so, float *ob)
+{
+    for (int r0 = 0; r0 < n; r0 += 16) {
+        const int rows = n - r0 < 16 ? n - r0 : 16;
+        for (int db = 0; db < ndb; db += 4) {
+            const int cnt = ndb - db < 4 ? ndb - db : 4;
+            times_pairs(a + (int64_t)r0 * la, la * 2, rows, yp, ns, kn, ndb, db, cnt, ob);
+            store_rows(ob, cnt, rows, scale ? scale + r0 : NULL, out + (int64_t)r0 * so, so, db);
+        }
+    }
+}
+
+/* Per-thread scratch, sized for MAXK keys, MAXK queries and MAXD dims. */
+typedef struct {
+    uint32_t kt[MAXK / 16 * MAXD / 32 * 256], vt[MAXK / 16 * MAXD / 32 * 256];
+    uint16_t kp[MAXK / 32 * MAXD / 16 * 512], qp[MAXK / 32 * MAXD / 16 * 512], dop[MAXK / 32 * MAXD / 16 * 512];
+    uint16_t p[MAXK * MAXK], dsm[MAXK * MAXK], pt[MAXK * MAXK], dst[MAXK * MAXK];
+    float s[16 * MAXK], dp[16 * MAXK], ob[4 * 16 * 16], inv[MAXK];
+    uint16_t qpad[16 * MAXD], dopad[16 * MAXD];
+} scratch_t;
+
+/* o = softmax(scale q k^T) v for one (batch, head). q (nq, d), k and v (nk, d), o (nq, d); rows at the
+   given strides (elements), the last dim contiguous. With lse, also each query's log2-sum-exp2 of
+   its scores times c = scale log2(e), for the backward. */
+static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
+                         uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+{
+    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, ndb = d / 16, lk = njs * 32;
+    float *s = w->s;
+    const __m512 cs = _mm512_set1_ps(c);
+    pack_transposed(k, sk, nk, d, w->kt);
+    pack_pairs(v, sv, nk, d, w->kp);
+    /* Up to MAXK queries at a time: first their weights (unnormalised, bfloat16, rows of lk), then the
+       product with v in its own pass, so each pass's packed operand stays in L1. */
+    for (int c0 = 0; c0 < nq; c0 += MAXK) {
+        const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
+        const uint16_t *qc = q + (int64_t)c0 * sq;
+        for (int i0 = 0; i0 < cn; i0 += 16) {
+            const int rows = cn - i0 < 16 ? cn - i0 : 16;
+            int64_t qs;
+            const uint16_t *qa = rows16(qc, sq, i0, cn, d, w->qpad, &qs);
+            scores(qa, qs, rows, w->kt, njb, d, s, MAXK);
+            /* Rows past nq are skipped: whatever their weights hold only reaches their own output rows,
+               which are never stored. Columns past nk get weight 0 (and v's padding rows are 0). */
+            for (int r = 0; r < rows; r++) {
+                float *sr = s + r * MAXK;
+                uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
+                __m512 m = _mm512_set1_ps(-INFINITY);
+                for (int jv = 0; jv < njb; jv++) {
+                    __mmask16 mk = lanes(nk, jv);
+                    __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), mk, _mm512_load_ps(sr + jv * 16), cs);
+                    _mm512_store_ps(sr + jv * 16, x);
+                    m = _mm512_max_ps(m, x);
+                }
+                const float mx = _mm512_reduce_max_ps(m);
+                __m512 sum = _mm512_setzero_ps();
+                for (int jv = 0; jv < njb; jv++) {
+                    __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
+                                                                                     _mm512_set1_ps(mx))));
+                    sum = _mm512_add_ps(sum, e);
+                    _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
+                }
+                if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
+                const float total = _mm512_reduce_add_ps(sum);
+                w->inv[i0 + r] = 1.0f / total;
+                if (lse) lse[c0 + i0 + r] = mx + log2f(total);
+            }
+        }
+        product_rows(w->p, lk, w->kp, njs, nk, ndb, cn, w->inv, o + (int64_t)c0 * so, so, w->ob);
+    }
+}
+
+/* The gradients of one (batch, head) from its output's gradient g (nq, d): with P = exp2(c s - lse)
+   recomputed from q and k, dv = P^T g, dP = g v^T, dS = scale P (dP - delta) with delta = rowsum(P dP),
+   dq = dS k, dk = dS^T q. */
+static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
+                          const uint16_t *g, int64_t sg, const float *lse,
+                          uint16_t *dq, int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv,
+                          int nq, int nk, int d, float c, float scale, scratch_t *w)
+{
+    const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, nis = (nq + 31) / 32, ndb = d / 16;
+    const int lk = njs * 32, lq = nis * 32;  /* row lengths of P, dS (lk) and their transposes (lq) */
+    float *s = w->s, *dp = w->dp, *ob = w->ob;
+    pack_transposed(k, sk, nk, d, w->kt);
+    pack_transposed(v, sv, nk, d, w->vt);
+    pack_pairs(k, sk, nk, d, w->kp);
+    pack_pairs(q, sq, nq, d, w->qp);
+    pack_pairs(g, sg, nq, d, w->dop);
+    const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
+    for (int i0 = 0; i0 < lq; i0 += 16) {
+        uint16_t *p = w->p + (int64_t)i0 * lk, *dsm = w->dsm + (int64_t)i0 * lk;
+        const int rows = nq - i0 < 0 ? 0 : (nq - i0 < 16 ? nq - i0 : 16);
+        if (rows < 16) {  /* padding rows: zero, as they enter the sums over queries */
+            memset(p + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
+            memset(dsm + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
+        }
+        if (rows == 0) continue;
+        int64_t qs, gs;
+        const uint16_t *qa = rows16(q, sq, i0, nq, d, w->qpad, &qs), *ga = rows16(g, sg, i0, nq, d, w->dopad, &gs);
+        scores(qa, qs, rows, w->kt, njb, d, s, MAXK);
+        scores(ga, gs, rows, w->vt, njb, d, dp, MAXK);
+        for (int r = 0; r < rows; r++) {
+            /* delta = sum_j P dP in float32 from the recomputed weights: closer than rowsum(g o) from the
+               rounded output, where dP - delta cancels. */
+            float *sr = s + r * MAXK, *dpr = dp + r * MAXK;
+            const __m512 l = _mm512_set1_ps(lse[i0 + r]);
+            __m512 acc = _mm512_setzero_ps();
+            for (int jv = 0; jv < njb; jv++) {
+                __m512 pr = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
+                _mm512_store_ps(sr + jv * 16, pr);
+                _mm256_store_si256((__m256i *)(p + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(pr));
+                acc = _mm512_fmadd_ps(pr, _mm512_load_ps(dpr + jv * 16), acc);
+            }
+            const __m512 dl = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
+            for (int jv = 0; jv < njb; jv++) {
+                __m512 pr = _mm512_load_ps(sr + jv * 16);
+                __m512 dsr = _mm512_mul_ps(_mm512_mul_ps(pr, _mm512_sub_ps(_mm512_load_ps(dpr + jv * 16), dl)), sc);
+                _mm256_store_si256((__m256i *)(dsm + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(dsr));
+            }
+            if (njb & 1) {
+                _mm256_store_si256((__m256i *)(p + r * lk + njb * 16), _mm256_setzero_si256());
+                _mm256_store_si256((__m256i *)(dsm + r * lk + njb * 16), _mm256_setzero_si256());
+            }
+        }
+    }
+    /* Each product in its own pass, so that its packed B operand (up to 64 KB at 256 keys and 128 dims,
+       28 KB for ViT-S/16) stays in L1 across the row blocks instead of alternating with another. */
+    product_rows(w->dsm, lk, w->kp, njs, nk, ndb, nq, NULL, dq, sdq, ob);   /* dq = dS k */
+    transpose_bf16(w->p, lk, lq, lk, w->pt, lq);
+    transpose_bf16(w->dsm, lk, lq, lk, w->dst, lq);
+    product_rows(w->pt, lq, w->dop, nis, nq, ndb, nk, NULL, dv, sdv, ob);   /* dv = P^T g */
+    product_rows(w->dst, lq, w->qp, nis, nq, ndb, nk, NULL, dk, sdk, ob);   /* dk = dS^T q */
+}
+
+/* Each thread's scratch, allocated on its first call and kept (about 0.9 MB a thread). */
+static scratch_t *scratch(void)
+{
+    static __thread scratch_t *w;
+    if (!w) w = aligned_alloc(64, (sizeof(scratch_t) + 63) / 64 * 64);
+    return w;
+}
+
+static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int max_q)
+{
+    return nk >= 1 && nk <= MAXK && nq >= 1 && nq <= max_q && d % 32 == 0 && d >= 32 && d <= MAXD && b >= 1 &&
+           h >= 1 && threads >= 1;
+}
+
+/* One call's operands: up to seven (B, H, N, D) bfloat16 tensors at strides st[3t .. 3t + 2]. */
+typedef struct {
+    const uint16_t *in[4];   /* q, k, v, and for the backward g */
+    uint16_t *out[3];        /* o, or dq, dk, dv */
+    float *lse;
+    const int64_t *st;
+    int64_t h, nq, nk, d;
+    float c, scale;
+} job_t;
+
+/* The (batch, head)'s rows of the tensor at stride slot t. */
+#define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
+#define ROW(t) (j->st[3 * (t) + 2])
+
+static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
+{
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    head_forward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
+                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
+}
+
+static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
+{
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
+                  j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
+                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w);
+}
+
+/* Runs `head` for every (batch, head) on `threads` OpenMP threads, each with its scratch, its product
+   unit's state (AMX's tile config) and subnormals off. Returns 0, or -2 when a thread's scratch could not be allocated. */
+static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const job_t *, int64_t, scratch_t *))
+{
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        scratch_t *w = scratch();
+        if (!w) failed = 1;
+        else {
+            products_on();
+            const unsigned csr = subnormals_off();
+#pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < b * j->h; bh++) head(j, bh, w);
+            products_off();
+            subnormals_restore(csr);
+        }
+    }
+    return failed ? -2 : 0;
+}
+
+/* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o);
+   lse: NULL, or (B, H, Nq) float32, contiguous, for the backward. Runs on `threads` OpenMP threads.
+   Returns 0, -1 when the shape is outside what the kernel handles, -2 when out of memory. */
+int ATTENTION_FWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse,
+                     int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale,
+                     int threads)
+{
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX)) return -1;
+    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d,
+                     scale * 1.4426950408889634f /* scores go to exp2 */, scale};
+    return each_head(&j, b, threads, forward_head);
+}
+
+/* The backward of ATTENTION_FWD: q, k, v, g (the output's gradient), dq, dk, dv, all (B, H, N, D) bf16
+   at strides st[0..2], st[3..5], ..., st[18..20] in that order; lse from the forward. Nq <= 256. */
+int ATTENTION_BWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
+                     const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t b, int64_t h, int64_t nq,
+                     int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
+{
+    if (!shape_ok(b, h, nq, nk, d, threads, MAXK)) return -1;
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
+    return each_head(&j, b, threads, backward_head);
+}
+
+#endif
