@@ -6,7 +6,7 @@
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
-- `attention`: vitscope/short_attention.py, the attention forward and backward in AMX tiles, from and
+- `attention`: vitscope/short_attention.py, the attention forward and backward (AMX tiles, or AVX512-BF16), from and
   to the qkv projection (off: the explicit softmax path);
 - `mlp`: vitscope/fused_mlp.py, a C pass writing gelu(a) and gelu'(a), and the multiply by gelu'(a)
   inside fc2's backward matmul (off: fc1, nn.GELU and fc2 as modules, still with fused_linear's
