@@ -52,6 +52,31 @@ def test_matches_float64_as_closely_as_pytorch(nq, nk, d):
     torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("nq,nk,d", [(300, 300, 32), (50, 257, 64), (1, 700, 32), (17, 600, 128), (300, 513, 96),
+                                     (257, 1025, 64)])
+def test_many_keys_without_gradients_match_float64_as_closely_as_pytorch(nq, nk, d):
+    """Past 256 keys the forward carries an online softmax from key block to key block."""
+    q, k, v = _qkv(1, 2, nq, nk, d, seed=nk)
+    with torch.inference_mode():
+        ours = short_attention.attend(q, k, v)
+        theirs = F.scaled_dot_product_attention(q, k, v)
+    assert _err(ours, q, k, v) <= 1.25 * _err(theirs, q, k, v) + 1e-3
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_many_keys_where_the_largest_score_comes_late():
+    """Each key block raises the running maximum by far more than exp2 spans: what was summed
+    before must be rescaled to nothing, not overflow or stay."""
+    q, k, v = _qkv(1, 1, 40, 900, 32, seed=5)
+    ramp = torch.linspace(1, 60, 900).view(1, 1, 900, 1)
+    k = (k.float() * ramp).to(BF)  # later keys score ever higher
+    with torch.inference_mode():
+        out = short_attention.attend(q, k, v)
+    assert torch.isfinite(out).all()
+    ref_err = _err(F.scaled_dot_product_attention(q, k, v), q, k, v)
+    assert _err(out, q, k, v) <= 1.25 * ref_err + 1e-2
+
+
 def test_strided_views_of_qkv_and_scale():
     b, n, h, d = 4, 50, 4, 32
     qkv = torch.randn(b, n, 3, h, d, generator=torch.Generator().manual_seed(1)).to(BF)
@@ -92,7 +117,9 @@ def test_attend_routes_only_what_the_kernel_computes_exactly():
         assert attend(q, k, v).transpose(1, 2).is_contiguous()  # the kernel's layout
     assert not short_attention.usable(q.half(), k.half(), v.half())
     assert not short_attention.usable(q.float(), k, v)  # one dtype for all three
-    assert not short_attention.usable(*_qkv(1, 1, 8, 257, 32))  # more keys than the kernel holds
+    many_keys = _qkv(1, 1, 8, 257, 32)
+    assert short_attention.usable(*many_keys)  # no gradient: the forward takes any number of keys
+    assert not short_attention.usable(many_keys[0].requires_grad_(), *many_keys[1:])  # the backward: 256
     assert not short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # head dim not a multiple of 32
     qg = q.clone().requires_grad_()
     assert short_attention.usable(qg, k, v)  # training too, with the kernel's backward

@@ -16,7 +16,9 @@ The forward keeps each query's log-sum-exp for training; the backward recomputes
 it, flash-style, and returns the three gradients.
 
 `attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
-float32 or bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed),
+float32 or bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed;
+in bfloat16 without gradients any N_k, the forward running flash attention's online softmax over
+blocks of 256 keys),
 head dims that are multiples of 16 (float32) or 32 (bfloat16) up to 128, last dims contiguous,
 outside torch.compile, tracing, forward-mode AD and torch.func. Everything else, and every machine
 where the kernels cannot be built or run (`why_not(dtype)` says why), keeps
@@ -40,18 +42,21 @@ MAX_HEAD_DIM = 128
 @dataclass(frozen=True)
 class Kernel:
     """One build of the kernels: the instruction set it needs, the head-dim multiple it takes, its
-    forward and backward functions in the native library."""
+    forward and backward functions in the native library, and whether its forward takes more than
+    MAX_KEYS keys where no gradient is needed (an online softmax over key blocks)."""
 
     isa: str
     head_dim_multiple: int
     forward: str
     backward: str
+    long_inference: bool = False
 
 
 # Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
 KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),),
-           torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd"),
-                            Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd"))}
+           torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", long_inference=True),
+                            Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd",
+                                   long_inference=True))}
 
 
 def kernel_for(dtype: torch.dtype) -> Kernel | None:
@@ -83,9 +88,13 @@ def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
     b, h, nq, d = q.shape
     if k.shape != v.shape or k.shape[:2] != (b, h) or k.shape[-1] != d or min(b, h, nq) < 1:
         return False
-    if not (1 <= k.shape[-2] <= MAX_KEYS and d % kernel.head_dim_multiple == 0 and d <= MAX_HEAD_DIM):
+    nk = k.shape[-2]
+    if not (1 <= nk and d % kernel.head_dim_multiple == 0 and d <= MAX_HEAD_DIM):
         return False
-    if _wants_grad(q, k, v) and nq > MAX_KEYS:
+    if _wants_grad(q, k, v):
+        if nq > MAX_KEYS or nk > MAX_KEYS:
+            return False
+    elif nk > MAX_KEYS and not kernel.long_inference:
         return False
     return native.runnable(q, k, v, isa=kernel.isa)
 

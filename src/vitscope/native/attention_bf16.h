@@ -133,6 +133,7 @@ typedef struct {
     uint16_t p[MAXK * MAXK], dsm[MAXK * MAXK], pt[MAXK * MAXK], dst[MAXK * MAXK];
     float s[16 * MAXK], dp[16 * MAXK], ob[4 * 16 * 16], inv[MAXK];
     uint16_t qpad[16 * MAXD], dopad[16 * MAXD];
+    float acc[MAXK * MAXD], mx[MAXK], sum[MAXK], alpha[MAXK]; /* the long forward's running state */
 } scratch_t;
 
 /* o = softmax(scale q k^T) v for one (batch, head). q (nq, d), k and v (nk, d), o (nq, d); rows at the
@@ -183,6 +184,88 @@ static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64
             }
         }
         product_rows(w->p, lk, w->kp, njs, nk, ndb, cn, w->inv, o + (int64_t)c0 * so, so, w->ob);
+    }
+}
+
+/* head_forward for more than MAXK keys (inference, and the forward of nothing the backward takes):
+   flash attention's online softmax over blocks of MAXK keys. For each chunk of up to MAXK queries, the
+   running maximum and sum of each query's weights and its unnormalised output (float32, in scratch)
+   are carried from key block to key block; a block's weights are taken against the maximum so far,
+   and what was accumulated before is rescaled by exp2(old max - new max) when the maximum grows. The
+   keys and values of a block are packed once per query chunk. */
+static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v,
+                              int64_t sv, uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c,
+                              scratch_t *w)
+{
+    const int ndb = d / 16;
+    float *s = w->s;
+    const __m512 cs = _mm512_set1_ps(c);
+    for (int c0 = 0; c0 < nq; c0 += MAXK) {
+        const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
+        const uint16_t *qc = q + (int64_t)c0 * sq;
+        for (int r = 0; r < cn; r++) {
+            w->mx[r] = -INFINITY;
+            w->sum[r] = 0.0f;
+        }
+        memset(w->acc, 0, (size_t)cn * MAXD * sizeof(float));
+        for (int j0 = 0; j0 < nk; j0 += MAXK) {
+            const int kn = nk - j0 < MAXK ? nk - j0 : MAXK;
+            const int njb = (kn + 15) / 16, njs = (kn + 31) / 32, lk = njs * 32;
+            pack_transposed(k + (int64_t)j0 * sk, sk, kn, d, w->kt);
+            pack_pairs(v + (int64_t)j0 * sv, sv, kn, d, w->kp);
+            for (int i0 = 0; i0 < cn; i0 += 16) {
+                const int rows = cn - i0 < 16 ? cn - i0 : 16;
+                int64_t qs;
+                const uint16_t *qa = rows16(qc, sq, i0, cn, d, w->qpad, &qs);
+                scores(qa, qs, rows, w->kt, njb, d, s, MAXK);
+                for (int r = 0; r < rows; r++) {
+                    float *sr = s + r * MAXK;
+                    uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
+                    __m512 m = _mm512_set1_ps(-INFINITY);
+                    for (int jv = 0; jv < njb; jv++) {
+                        __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), lanes(kn, jv), _mm512_load_ps(sr + jv * 16), cs);
+                        _mm512_store_ps(sr + jv * 16, x);
+                        m = _mm512_max_ps(m, x);
+                    }
+                    const float old = w->mx[i0 + r], block = _mm512_reduce_max_ps(m);
+                    const float mx = old > block ? old : block;
+                    __m512 sum = _mm512_setzero_ps();
+                    for (int jv = 0; jv < njb; jv++) {
+                        __m512 e = _mm512_maskz_mov_ps(lanes(kn, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
+                                                                                         _mm512_set1_ps(mx))));
+                        sum = _mm512_add_ps(sum, e);
+                        _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
+                    }
+                    if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
+                    const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
+                    w->alpha[i0 + r] = alpha;
+                    w->sum[i0 + r] = w->sum[i0 + r] * alpha + _mm512_reduce_add_ps(sum);
+                    w->mx[i0 + r] = mx;
+                }
+            }
+            /* acc = acc alpha + P v, 16 rows and up to four 16-col blocks at a time */
+            for (int r0 = 0; r0 < cn; r0 += 16) {
+                const int rows = cn - r0 < 16 ? cn - r0 : 16;
+                for (int db = 0; db < ndb; db += 4) {
+                    const int cnt = ndb - db < 4 ? ndb - db : 4;
+                    times_pairs(w->p + (int64_t)r0 * lk, lk * 2, rows, w->kp, njs, kn, ndb, db, cnt, w->ob);
+                    for (int e = 0; e < cnt; e++)
+                        for (int r = 0; r < rows; r++) {
+                            float *a = w->acc + (int64_t)(r0 + r) * MAXD + (db + e) * 16;
+                            _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), _mm512_set1_ps(w->alpha[r0 + r]),
+                                                                _mm512_load_ps(w->ob + e * 256 + r * 16)));
+                        }
+                }
+            }
+        }
+        for (int r = 0; r < cn; r++) {
+            const __m512 inv = _mm512_set1_ps(1.0f / w->sum[r]);
+            uint16_t *orow = o + (int64_t)(c0 + r) * so;
+            for (int db = 0; db < ndb; db++)
+                _mm256_storeu_si256((__m256i *)(orow + db * 16),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(w->acc + (int64_t)r * MAXD + db * 16), inv)));
+            if (lse) lse[c0 + r] = w->mx[r] + log2f(w->sum[r]);
+        }
     }
 }
 
@@ -248,7 +331,7 @@ static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int6
     product_rows(w->dst, lq, w->qp, nis, nq, ndb, nk, NULL, dk, sdk, ob);   /* dk = dS^T q */
 }
 
-/* Each thread's scratch, allocated on its first call and kept (about 0.9 MB a thread). */
+/* Each thread's scratch, allocated on its first call and kept (about 1 MB a thread). */
 static scratch_t *scratch(void)
 {
     static __thread scratch_t *w;
@@ -256,9 +339,9 @@ static scratch_t *scratch(void)
     return w;
 }
 
-static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int max_q)
+static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int max_q, int max_k)
 {
-    return nk >= 1 && nk <= MAXK && nq >= 1 && nq <= max_q && d % 32 == 0 && d >= 32 && d <= MAXD && b >= 1 &&
+    return nk >= 1 && nk <= max_k && nq >= 1 && nq <= max_q && d % 32 == 0 && d >= 32 && d <= MAXD && b >= 1 &&
            h >= 1 && threads >= 1;
 }
 
@@ -279,7 +362,7 @@ typedef struct {
 static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
 {
     const int64_t bi = bh / j->h, hi = bh % j->h;
-    head_forward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
+    (j->nk > MAXK ? head_forward_long : head_forward)(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
                  j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
 }
 
@@ -313,13 +396,14 @@ static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const 
 }
 
 /* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o);
-   lse: NULL, or (B, H, Nq) float32, contiguous, for the backward. Runs on `threads` OpenMP threads.
+   lse: NULL, or (B, H, Nq) float32, contiguous, for the backward (which takes Nk <= 256; the forward takes
+   any Nk). Runs on `threads` OpenMP threads.
    Returns 0, -1 when the shape is outside what the kernel handles, -2 when out of memory. */
 int ATTENTION_FWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse,
                      int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale,
                      int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX)) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
     const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d,
                      scale * 1.4426950408889634f /* scores go to exp2 */, scale};
     return each_head(&j, b, threads, forward_head);
@@ -331,7 +415,7 @@ int ATTENTION_BWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, const
                      const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t b, int64_t h, int64_t nq,
                      int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, MAXK)) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
     const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
     return each_head(&j, b, threads, backward_head);
 }
