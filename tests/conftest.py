@@ -36,3 +36,34 @@ def assert_grads_close(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Te
     for name in ours:
         scale = theirs[name].abs().max().item() + 1e-12
         assert (ours[name] - theirs[name]).abs().max().item() / scale < tol, name
+
+
+def qkv_attention_against_float64(dtype: torch.dtype, queries: int | None, g_stride: int = 1):
+    """vitscope's attend_qkv on a random (3, 50, 3·4·32) qkv of `dtype`, forward and backward, next to the
+    same attention in float64 through the usual split (its first `queries` queries, or all). Returns
+    (out, qkv grad, float64 out, float64 qkv grad); checks that attend_qkv accepted the input and that
+    queries past the first n got no gradient. `g_stride` > 1 hands it a non-contiguous output gradient."""
+    from vitscope import short_attention
+
+    b, n, h, d = 3, 50, 4, 32
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(b, n, 3 * h * d, generator=gen).to(dtype)
+    nq = n if queries is None else queries
+    g = torch.randn(b, nq, h * d * g_stride, generator=gen)[..., ::g_stride].to(dtype)
+
+    def split_path(t):
+        q, k, v = t.view(b, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+        q = q if queries is None else q[:, :, :queries]
+        return F.scaled_dot_product_attention(q, k, v, scale=0.2).transpose(1, 2).reshape(b, nq, h * d)
+
+    x = qkv.clone().requires_grad_()
+    assert short_attention.usable_qkv(x, h, queries)
+    out = short_attention.attend_qkv(x, h, 0.2, queries)
+    out.backward(g)
+    ref_x = qkv.double().requires_grad_()
+    ref = split_path(ref_x)
+    ref.backward(g.double())
+    assert out.shape == ref.shape == (b, nq, h * d)
+    if queries is not None:  # queries past the first n get no gradient
+        assert x.grad.view(b, n, 3, h, d)[:, queries:, 0].abs().max() == 0
+    return out, x.grad, ref, ref_x.grad

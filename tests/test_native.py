@@ -120,3 +120,21 @@ def test_every_kernel_source_and_header_ships_in_the_package():
     assert "simd.h" in needed
     for name in needed:
         assert any(fnmatch.fnmatch(f"native/{name}", g) for g in globs), f"{name} is not in package-data"
+
+
+@pytest.mark.parametrize("dtype,nk", [(torch.float32, 50), (torch.bfloat16, 50), (torch.bfloat16, 600)])
+def test_thread_count_does_not_change_the_result(dtype, nk):
+    """Each head runs on one thread whatever the count, so the numbers are the same bit for bit."""
+    if short_attention.kernel_for(dtype) is None:
+        pytest.skip(f"kernel unavailable: {short_attention.why_not(dtype)}")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(5, 3, n, 32, generator=gen).to(dtype) for n in (50, nk, nk))
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            many = short_attention.attend(q, k, v)
+            torch.set_num_threads(1)
+            one = short_attention.attend(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(many, one)

@@ -136,11 +136,40 @@ typedef struct {
     float acc[MAXK * MAXD], mx[MAXK], sum[MAXK], alpha[MAXK]; /* the long forward's running state */
 } scratch_t;
 
+/* A row of scores sr (nk valid of 16 njb, float32) times c, the lanes past nk set to -inf, in place;
+   returns the row's maximum. */
+static inline float scale_row(float *sr, int njb, int nk, __m512 cs)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int jv = 0; jv < njb; jv++) {
+        const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), lanes(nk, jv), _mm512_load_ps(sr + jv * 16), cs);
+        _mm512_store_ps(sr + jv * 16, x);
+        m = _mm512_max_ps(m, x);
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+/* The row's unnormalised weights exp2(sr - mx), rounded to bfloat16 into pr (0 past nk, to an even
+   number of 16-blocks); returns their float32 sum. */
+static inline float weights_row(const float *sr, int njb, int nk, float mx, uint16_t *pr)
+{
+    __m512 sum = _mm512_setzero_ps();
+    for (int jv = 0; jv < njb; jv++) {
+        const __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
+                                                                                _mm512_set1_ps(mx))));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
+    return _mm512_reduce_add_ps(sum);
+}
+
 /* o = softmax(scale q k^T) v for one (batch, head). q (nq, d), k and v (nk, d), o (nq, d); rows at the
    given strides (elements), the last dim contiguous. With lse, also each query's log2-sum-exp2 of
    its scores times c = scale log2(e), for the backward. */
-static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
-                         uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+static void head_forward_short(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v,
+                               int64_t sv, uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c,
+                               scratch_t *w)
 {
     const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, ndb = d / 16, lk = njs * 32;
     float *s = w->s;
@@ -162,23 +191,8 @@ static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64
             for (int r = 0; r < rows; r++) {
                 float *sr = s + r * MAXK;
                 uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
-                __m512 m = _mm512_set1_ps(-INFINITY);
-                for (int jv = 0; jv < njb; jv++) {
-                    __mmask16 mk = lanes(nk, jv);
-                    __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), mk, _mm512_load_ps(sr + jv * 16), cs);
-                    _mm512_store_ps(sr + jv * 16, x);
-                    m = _mm512_max_ps(m, x);
-                }
-                const float mx = _mm512_reduce_max_ps(m);
-                __m512 sum = _mm512_setzero_ps();
-                for (int jv = 0; jv < njb; jv++) {
-                    __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
-                                                                                     _mm512_set1_ps(mx))));
-                    sum = _mm512_add_ps(sum, e);
-                    _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
-                }
-                if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
-                const float total = _mm512_reduce_add_ps(sum);
+                const float mx = scale_row(sr, njb, nk, cs);
+                const float total = weights_row(sr, njb, nk, mx, pr);
                 w->inv[i0 + r] = 1.0f / total;
                 if (lse) lse[c0 + i0 + r] = mx + log2f(total);
             }
@@ -187,7 +201,7 @@ static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64
     }
 }
 
-/* head_forward for more than MAXK keys (inference, and the forward of nothing the backward takes):
+/* head_forward_short for more than MAXK keys (inference, and the forward of nothing the backward takes):
    flash attention's online softmax over blocks of MAXK keys. For each chunk of up to MAXK queries, the
    running maximum and sum of each query's weights and its unnormalised output (float32, in scratch)
    are carried from key block to key block; a block's weights are taken against the maximum so far,
@@ -221,25 +235,12 @@ static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, 
                 for (int r = 0; r < rows; r++) {
                     float *sr = s + r * MAXK;
                     uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
-                    __m512 m = _mm512_set1_ps(-INFINITY);
-                    for (int jv = 0; jv < njb; jv++) {
-                        __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), lanes(kn, jv), _mm512_load_ps(sr + jv * 16), cs);
-                        _mm512_store_ps(sr + jv * 16, x);
-                        m = _mm512_max_ps(m, x);
-                    }
-                    const float old = w->mx[i0 + r], block = _mm512_reduce_max_ps(m);
+                    const float old = w->mx[i0 + r], block = scale_row(sr, njb, kn, cs);
                     const float mx = old > block ? old : block;
-                    __m512 sum = _mm512_setzero_ps();
-                    for (int jv = 0; jv < njb; jv++) {
-                        __m512 e = _mm512_maskz_mov_ps(lanes(kn, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
-                                                                                         _mm512_set1_ps(mx))));
-                        sum = _mm512_add_ps(sum, e);
-                        _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
-                    }
-                    if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
+                    const float total = weights_row(sr, njb, kn, mx, pr);
                     const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
                     w->alpha[i0 + r] = alpha;
-                    w->sum[i0 + r] = w->sum[i0 + r] * alpha + _mm512_reduce_add_ps(sum);
+                    w->sum[i0 + r] = w->sum[i0 + r] * alpha + total;
                     w->mx[i0 + r] = mx;
                 }
             }
@@ -267,6 +268,13 @@ static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, 
             if (lse) lse[c0 + r] = w->mx[r] + log2f(w->sum[r]);
         }
     }
+}
+
+/* o = softmax(scale q k^T) v for one (batch, head), any number of keys. */
+static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
+                         uint16_t *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+{
+    (nk > MAXK ? head_forward_long : head_forward_short)(q, sq, k, sk, v, sv, o, so, lse, nq, nk, d, c, w);
 }
 
 /* The gradients of one (batch, head) from its output's gradient g (nq, d): with P = exp2(c s - lse)
@@ -331,69 +339,9 @@ static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int6
     product_rows(w->dst, lq, w->qp, nis, nq, ndb, nk, NULL, dk, sdk, ob);   /* dk = dS^T q */
 }
 
-/* Each thread's scratch, allocated on its first call and kept (about 1 MB a thread). */
-static scratch_t *scratch(void)
-{
-    static __thread scratch_t *w;
-    if (!w) w = aligned_alloc(64, (sizeof(scratch_t) + 63) / 64 * 64);
-    return w;
-}
-
-static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int max_q, int max_k)
-{
-    return nk >= 1 && nk <= max_k && nq >= 1 && nq <= max_q && d % 32 == 0 && d >= 32 && d <= MAXD && b >= 1 &&
-           h >= 1 && threads >= 1;
-}
-
-/* One call's operands: up to seven (B, H, N, D) bfloat16 tensors at strides st[3t .. 3t + 2]. */
-typedef struct {
-    const uint16_t *in[4];   /* q, k, v, and for the backward g */
-    uint16_t *out[3];        /* o, or dq, dk, dv */
-    float *lse;
-    const int64_t *st;
-    int64_t h, nq, nk, d;
-    float c, scale;
-} job_t;
-
-/* The (batch, head)'s rows of the tensor at stride slot t. */
-#define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
-#define ROW(t) (j->st[3 * (t) + 2])
-
-static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
-{
-    const int64_t bi = bh / j->h, hi = bh % j->h;
-    (j->nk > MAXK ? head_forward_long : head_forward)(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
-                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
-}
-
-static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
-{
-    const int64_t bi = bh / j->h, hi = bh % j->h;
-    head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
-                  j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
-                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w);
-}
-
-/* Runs `head` for every (batch, head) on `threads` OpenMP threads, each with its scratch, its product
-   unit's state (AMX's tile config) and subnormals off. Returns 0, or -2 when a thread's scratch could not be allocated. */
-static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const job_t *, int64_t, scratch_t *))
-{
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        scratch_t *w = scratch();
-        if (!w) failed = 1;
-        else {
-            products_on();
-            const unsigned csr = subnormals_off();
-#pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < b * j->h; bh++) head(j, bh, w);
-            products_off();
-            subnormals_restore(csr);
-        }
-    }
-    return failed ? -2 : 0;
-}
+#define ELEM uint16_t
+#define DIM_MULTIPLE 32
+#include "attention_driver.h"
 
 /* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o);
    lse: NULL, or (B, H, Nq) float32, contiguous, for the backward (which takes Nk <= 256; the forward takes

@@ -163,63 +163,12 @@ static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk
     gemm(nk, nd, nq, dp, 1, lk, q, sq, dk, sdk);  /* dk = dS^T q */
 }
 
-/* Each thread's scratch, allocated on its first call and kept (about 1 MB a thread). */
-static scratch_t *scratch(void)
-{
-    static __thread scratch_t *w;
-    if (!w) w = aligned_alloc(64, (sizeof(scratch_t) + 63) / 64 * 64);
-    return w;
-}
+static inline void products_on(void) {}
+static inline void products_off(void) {}
 
-static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int64_t max_q)
-{
-    return nk >= 1 && nk <= MAXK && nq >= 1 && nq <= max_q && d % 16 == 0 && d >= 16 && d <= MAXD && b >= 1 &&
-           h >= 1 && threads >= 1;
-}
-
-typedef struct {
-    const float *in[4]; /* q, k, v, and for the backward g */
-    float *out[3];      /* o, or dq, dk, dv */
-    float *lse;
-    const int64_t *st;
-    int64_t h, nq, nk, d;
-    float c, scale;
-} job_t;
-
-#define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
-#define ROW(t) (j->st[3 * (t) + 2])
-
-static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
-{
-    const int64_t bi = bh / j->h, hi = bh % j->h;
-    head_forward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
-                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
-}
-
-static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
-{
-    const int64_t bi = bh / j->h, hi = bh % j->h;
-    head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
-                  j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
-                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w);
-}
-
-static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const job_t *, int64_t, scratch_t *))
-{
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        scratch_t *w = scratch();
-        if (!w) failed = 1;
-        else {
-            const unsigned csr = subnormals_off();
-#pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < b * j->h; bh++) head(j, bh, w);
-            subnormals_restore(csr);
-        }
-    }
-    return failed ? -2 : 0;
-}
+#define ELEM float
+#define DIM_MULTIPLE 16
+#include "attention_driver.h"
 
 /* As vs_attention_fwd (short_attention.c), in float32: q, k, v, o (B, H, N, D) at strides st[0..11];
    head dims multiples of 16 up to 128, at most 256 keys, any number of queries. Returns 0, -1 for a
@@ -227,7 +176,7 @@ static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const 
 int vs_attention_f32_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int64_t b, int64_t h,
                          int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX)) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, MAXK)) return -1;
     const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
     return each_head(&j, b, threads, forward_head);
 }
@@ -237,7 +186,7 @@ int vs_attention_f32_bwd(const float *q, const float *k, const float *v, const f
                          float *dk, float *dv, int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d,
                          const int64_t *st, float scale, int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, MAXK)) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
     const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
     return each_head(&j, b, threads, backward_head);
 }

@@ -1,0 +1,81 @@
+/* The per-(batch, head) driver shared by vitscope's attention kernels (attention_f32.c, and
+   attention_bf16.h for the AMX and AVX512-BF16 builds): each call's operands, each thread's scratch,
+   the shape check and the OpenMP loop over heads.
+
+   The file including this defines first: ELEM (the element type), DIM_MULTIPLE (the head dims it
+   takes are multiples of this, up to MAXD), scratch_t, head_forward and head_backward (one (batch,
+   head) each, at row strides in elements), and products_on / products_off around a thread's work. */
+#ifndef VS_ATTENTION_DRIVER_H
+#define VS_ATTENTION_DRIVER_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "simd.h"
+
+/* Each thread's scratch, allocated on its first call and kept (about 1 MB a thread). */
+static scratch_t *scratch(void)
+{
+    static __thread scratch_t *w;
+    if (!w) w = aligned_alloc(64, (sizeof(scratch_t) + 63) / 64 * 64);
+    return w;
+}
+
+static int shape_ok(int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, int threads, int64_t max_q, int64_t max_k)
+{
+    return nk >= 1 && nk <= max_k && nq >= 1 && nq <= max_q && d % DIM_MULTIPLE == 0 && d >= DIM_MULTIPLE &&
+           d <= MAXD && b >= 1 && h >= 1 && threads >= 1;
+}
+
+/* One call's operands: up to seven (B, H, N, D) tensors at strides st[3t .. 3t + 2]. */
+typedef struct {
+    const ELEM *in[4]; /* q, k, v, and for the backward g */
+    ELEM *out[3];      /* o, or dq, dk, dv */
+    float *lse;
+    const int64_t *st;
+    int64_t h, nq, nk, d;
+    float c, scale;
+} job_t;
+
+/* The (batch, head)'s rows of the tensor at stride slot t. */
+#define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
+#define ROW(t) (j->st[3 * (t) + 2])
+
+static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
+{
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    head_forward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
+                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
+}
+
+static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
+{
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
+                  j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
+                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w);
+}
+
+/* Runs `head` for every (batch, head) on `threads` OpenMP threads, each with its scratch, its product
+   unit's state (AMX's tile config) and subnormals off. Returns 0, or -2 when a thread's scratch could
+   not be allocated. */
+static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const job_t *, int64_t, scratch_t *))
+{
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        scratch_t *w = scratch();
+        if (!w) failed = 1;
+        else {
+            products_on();
+            const unsigned csr = subnormals_off();
+#pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < b * j->h; bh++) head(j, bh, w);
+            products_off();
+            subnormals_restore(csr);
+        }
+    }
+    return failed ? -2 : 0;
+}
+
+#endif
