@@ -105,13 +105,13 @@ def test_attend_routes_only_what_the_kernel_computes_exactly():
     assert not short_attention.usable(q.half(), k.half(), v.half())
     assert not short_attention.usable(q.float(), k, v)  # one dtype for all three
     many_keys = _qkv(1, 1, 8, 257, 32)
-    assert short_attention.usable(*many_keys)  # no gradient: the forward takes any number of keys
-    assert not short_attention.usable(many_keys[0].requires_grad_(), *many_keys[1:])  # the backward: 256
+    assert short_attention.usable(*many_keys)  # any number of keys, forward
+    assert short_attention.usable(many_keys[0].requires_grad_(), *many_keys[1:])  # and backward
     assert not short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # head dim not a multiple of 32
     qg = q.clone().requires_grad_()
     assert short_attention.usable(qg, k, v)  # training too, with the kernel's backward
     long_q = _qkv(1, 1, 300, 8, 32)[0].requires_grad_()
-    assert not short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])  # the backward holds 256 queries
+    assert short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])  # and any number of queries
     with torch.no_grad():
         assert short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])
         mask = torch.rand(2, 1, 50, 50) > 0.3
@@ -151,7 +151,9 @@ def _explicit_bf16(q, k, v):  # attend's training path without the kernels
 
 
 @pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (197, 197, 64), (1, 50, 32), (17, 33, 64), (40, 7, 96),
-                                     (256, 256, 128), (16, 16, 32)])
+                                     (256, 256, 128), (16, 16, 32),
+                                     # past 256 queries or keys: the blockwise backward
+                                     (300, 300, 32), (50, 700, 64), (600, 40, 32), (257, 513, 64), (1, 300, 32)])
 def test_gradients_match_float64_better_than_the_explicit_path(nq, nk, d):
     gen = torch.Generator().manual_seed(3)
     q, k, v = _qkv(2, 3, nq, nk, d, seed=3)

@@ -16,9 +16,9 @@ The forward keeps each query's log-sum-exp for training; the backward recomputes
 it, flash-style, and returns the three gradients.
 
 `attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
-float32 or bfloat16, no mask, no dropout, N_k <= 256 (and N_q <= 256 where gradients are needed;
-in bfloat16 without gradients any N_k, the forward running flash attention's online softmax over
-blocks of 256 keys),
+float32 or bfloat16, no mask, no dropout; in float32 N_k <= 256 (and N_q <= 256 where gradients are
+needed), in bfloat16 any lengths (past 256, flash attention's online softmax over blocks of 256 keys
+forward, and its blockwise backward with float32 sums),
 head dims that are multiples of 16 (float32) or 32 (bfloat16) up to 128, last dims contiguous,
 outside torch.compile, tracing, forward-mode AD and torch.func. Everything else, and every machine
 where the kernels cannot be built or run (`why_not(dtype)` says why), keeps
@@ -42,21 +42,22 @@ MAX_HEAD_DIM = 128
 @dataclass(frozen=True)
 class Kernel:
     """One build of the kernels: the instruction set it needs, the head-dim multiple it takes, its
-    forward and backward functions in the native library, and whether its forward takes more than
-    MAX_KEYS keys where no gradient is needed (an online softmax over key blocks)."""
+    forward and backward functions in the native library, and whether they take any number of
+    queries and keys (past MAX_KEYS, flash attention's online softmax over key blocks forward and its
+    blockwise backward) or at most MAX_KEYS keys (and MAX_KEYS queries where gradients are needed)."""
 
     isa: str
     head_dim_multiple: int
     forward: str
     backward: str
-    long_inference: bool = False
+    any_length: bool = False
 
 
 # Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
 KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),),
-           torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", long_inference=True),
+           torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", any_length=True),
                             Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd",
-                                   long_inference=True))}
+                                   any_length=True))}
 
 
 def kernel_for(dtype: torch.dtype) -> Kernel | None:
@@ -91,10 +92,7 @@ def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
     nk = k.shape[-2]
     if not (1 <= nk and d % kernel.head_dim_multiple == 0 and d <= MAX_HEAD_DIM):
         return False
-    if _wants_grad(q, k, v):
-        if nq > MAX_KEYS or nk > MAX_KEYS:
-            return False
-    elif nk > MAX_KEYS and not kernel.long_inference:
+    if not kernel.any_length and (nk > MAX_KEYS or (nq > MAX_KEYS and _wants_grad(q, k, v))):
         return False
     return native.runnable(q, k, v, isa=kernel.isa)
 

@@ -126,6 +126,38 @@ static void product_rows(const uint16_t *a, int64_t la, const uint16_t *yp, int 
     }
 }
 
+/* acc (n rows of float32, row stride sa) = acc times alpha[row] (when given) + a (bfloat16, row length la)
+   times pair-packed y, 16 rows at a time. */
+static void accumulate_rows(const uint16_t *a, int64_t la, const uint16_t *yp, int ns, int kn, int ndb, int n,
+                            const float *alpha, float *acc, int64_t sa, float *ob)
+{
+    for (int r0 = 0; r0 < n; r0 += 16) {
+        const int rows = n - r0 < 16 ? n - r0 : 16;
+        for (int db = 0; db < ndb; db += 4) {
+            const int cnt = ndb - db < 4 ? ndb - db : 4;
+            times_pairs(a + (int64_t)r0 * la, la * 2, rows, yp, ns, kn, ndb, db, cnt, ob);
+            for (int e = 0; e < cnt; e++)
+                for (int r = 0; r < rows; r++) {
+                    float *x = acc + (int64_t)(r0 + r) * sa + (db + e) * 16;
+                    const __m512 y = _mm512_load_ps(ob + e * 256 + r * 16);
+                    _mm512_storeu_ps(x, alpha ? _mm512_fmadd_ps(_mm512_loadu_ps(x), _mm512_set1_ps(alpha[r0 + r]), y)
+                                              : _mm512_add_ps(_mm512_loadu_ps(x), y));
+                }
+        }
+    }
+}
+
+/* out (n rows, stride so, bfloat16) = acc (float32, row stride sa) times scale[row] when given. */
+static void store_acc(const float *acc, int64_t sa, int n, int ndb, const float *scale, uint16_t *out, int64_t so)
+{
+    for (int r = 0; r < n; r++) {
+        const __m512 f = _mm512_set1_ps(scale ? scale[r] : 1.0f);
+        for (int db = 0; db < ndb; db++)
+            _mm256_storeu_si256((__m256i *)(out + (int64_t)r * so + db * 16),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc + (int64_t)r * sa + db * 16), f)));
+    }
+}
+
 /* Per-thread scratch, sized for MAXK keys, MAXK queries and MAXD dims. */
 typedef struct {
     uint32_t kt[MAXK / 16 * MAXD / 32 * 256], vt[MAXK / 16 * MAXD / 32 * 256];
@@ -133,7 +165,8 @@ typedef struct {
     uint16_t p[MAXK * MAXK], dsm[MAXK * MAXK], pt[MAXK * MAXK], dst[MAXK * MAXK];
     float s[16 * MAXK], dp[16 * MAXK], ob[4 * 16 * 16], inv[MAXK];
     uint16_t qpad[16 * MAXD], dopad[16 * MAXD];
-    float acc[MAXK * MAXD], mx[MAXK], sum[MAXK], alpha[MAXK]; /* the long forward's running state */
+    float acc[MAXK * MAXD], acc2[MAXK * MAXD];  /* the long passes' float32 sums: output, or dk and dv */
+    float mx[MAXK], sum[MAXK], alpha[MAXK];      /* the long forward's running maximum, sum, rescaling */
 } scratch_t;
 
 /* A row of scores sr (nk valid of 16 njb, float32) times c, the lanes past nk set to -inf, in place;
@@ -244,29 +277,13 @@ static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, 
                     w->mx[i0 + r] = mx;
                 }
             }
-            /* acc = acc alpha + P v, 16 rows and up to four 16-col blocks at a time */
-            for (int r0 = 0; r0 < cn; r0 += 16) {
-                const int rows = cn - r0 < 16 ? cn - r0 : 16;
-                for (int db = 0; db < ndb; db += 4) {
-                    const int cnt = ndb - db < 4 ? ndb - db : 4;
-                    times_pairs(w->p + (int64_t)r0 * lk, lk * 2, rows, w->kp, njs, kn, ndb, db, cnt, w->ob);
-                    for (int e = 0; e < cnt; e++)
-                        for (int r = 0; r < rows; r++) {
-                            float *a = w->acc + (int64_t)(r0 + r) * MAXD + (db + e) * 16;
-                            _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), _mm512_set1_ps(w->alpha[r0 + r]),
-                                                                _mm512_load_ps(w->ob + e * 256 + r * 16)));
-                        }
-                }
-            }
+            accumulate_rows(w->p, lk, w->kp, njs, kn, ndb, cn, w->alpha, w->acc, MAXD, w->ob);  /* acc = acc alpha + P v */
         }
         for (int r = 0; r < cn; r++) {
-            const __m512 inv = _mm512_set1_ps(1.0f / w->sum[r]);
-            uint16_t *orow = o + (int64_t)(c0 + r) * so;
-            for (int db = 0; db < ndb; db++)
-                _mm256_storeu_si256((__m256i *)(orow + db * 16),
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(w->acc + (int64_t)r * MAXD + db * 16), inv)));
+            w->alpha[r] = 1.0f / w->sum[r];
             if (lse) lse[c0 + r] = w->mx[r] + log2f(w->sum[r]);
         }
+        store_acc(w->acc, MAXD, cn, ndb, w->alpha, o + (int64_t)c0 * so, so);
     }
 }
 
@@ -280,10 +297,10 @@ static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64
 /* The gradients of one (batch, head) from its output's gradient g (nq, d): with P = exp2(c s - lse)
    recomputed from q and k, dv = P^T g, dP = g v^T, dS = scale P (dP - delta) with delta = rowsum(P dP),
    dq = dS k, dk = dS^T q. */
-static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
-                          const uint16_t *g, int64_t sg, const float *lse,
-                          uint16_t *dq, int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv,
-                          int nq, int nk, int d, float c, float scale, scratch_t *w)
+static void head_backward_short(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v,
+                                int64_t sv, const uint16_t *g, int64_t sg, const float *lse,
+                                uint16_t *dq, int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv,
+                                int nq, int nk, int d, float c, float scale, scratch_t *w)
 {
     const int njb = (nk + 15) / 16, njs = (nk + 31) / 32, nis = (nq + 31) / 32, ndb = d / 16;
     const int lk = njs * 32, lq = nis * 32;  /* row lengths of P, dS (lk) and their transposes (lq) */
@@ -339,13 +356,110 @@ static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int6
     product_rows(w->dst, lq, w->qp, nis, nq, ndb, nk, NULL, dk, sdk, ob);   /* dk = dS^T q */
 }
 
+/* The backward for more than MAXK queries or keys, flash attention's way: for each block of up to MAXK
+   keys and each chunk of up to MAXK queries, the weights are recomputed from lse, and the block's
+   share of dq (kept in float32 for all queries, in `dq_acc`: nq x MAXD floats), dk and dv (float32,
+   in scratch, for the block) is added. delta = rowsum(P dP) runs over all keys, so a first pass sums
+   it over the key blocks (in `delta`, nq floats) before the second uses it. */
+static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v,
+                               int64_t sv, const uint16_t *g, int64_t sg, const float *lse,
+                               uint16_t *dq, int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv,
+                               int nq, int nk, int d, float c, float scale, scratch_t *w, float *dq_acc, float *delta)
+{
+    const int ndb = d / 16;
+    float *s = w->s, *dp = w->dp;
+    const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
+    memset(dq_acc, 0, (size_t)nq * MAXD * sizeof(float));
+    memset(delta, 0, (size_t)nq * sizeof(float));
+    for (int pass = 0; pass < 2; pass++)
+        for (int j0 = 0; j0 < nk; j0 += MAXK) {
+            const int kn = nk - j0 < MAXK ? nk - j0 : MAXK;
+            const int njb = (kn + 15) / 16, njs = (kn + 31) / 32, lk = njs * 32;
+            const uint16_t *kb = k + (int64_t)j0 * sk;
+            pack_transposed(kb, sk, kn, d, w->kt);
+            pack_transposed(v + (int64_t)j0 * sv, sv, kn, d, w->vt);
+            if (pass) {
+                pack_pairs(kb, sk, kn, d, w->kp);
+                memset(w->acc, 0, (size_t)kn * MAXD * sizeof(float));
+                memset(w->acc2, 0, (size_t)kn * MAXD * sizeof(float));
+            }
+            for (int c0 = 0; c0 < nq; c0 += MAXK) {
+                const int cn = nq - c0 < MAXK ? nq - c0 : MAXK, nis = (cn + 31) / 32, lq = nis * 32;
+                const uint16_t *qc = q + (int64_t)c0 * sq, *gc = g + (int64_t)c0 * sg;
+                if (pass) {
+                    pack_pairs(qc, sq, cn, d, w->qp);
+                    pack_pairs(gc, sg, cn, d, w->dop);
+                }
+                for (int i0 = 0; i0 < lq; i0 += 16) {
+                    uint16_t *p = w->p + (int64_t)i0 * lk, *dsm = w->dsm + (int64_t)i0 * lk;
+                    const int rows = cn - i0 < 0 ? 0 : (cn - i0 < 16 ? cn - i0 : 16);
+                    if (pass && rows < 16) {  /* padding rows: zero, as they enter the sums over queries */
+                        memset(p + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
+                        memset(dsm + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
+                    }
+                    if (rows == 0) continue;
+                    int64_t qs, gs;
+                    const uint16_t *qa = rows16(qc, sq, i0, cn, d, w->qpad, &qs), *ga = rows16(gc, sg, i0, cn, d, w->dopad, &gs);
+                    scores(qa, qs, rows, w->kt, njb, d, s, MAXK);
+                    scores(ga, gs, rows, w->vt, njb, d, dp, MAXK);
+                    for (int r = 0; r < rows; r++) {
+                        const float *sr = s + r * MAXK, *dpr = dp + r * MAXK;
+                        const __m512 l = _mm512_set1_ps(lse[c0 + i0 + r]), dl = _mm512_set1_ps(delta[c0 + i0 + r]);
+                        __m512 acc = _mm512_setzero_ps();
+                        for (int jv = 0; jv < njb; jv++) {
+                            const __m512 pr = _mm512_maskz_mov_ps(lanes(kn, jv), exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
+                            if (!pass) {
+                                acc = _mm512_fmadd_ps(pr, _mm512_load_ps(dpr + jv * 16), acc);
+                                continue;
+                            }
+                            const __m512 dsr = _mm512_mul_ps(_mm512_mul_ps(pr, _mm512_sub_ps(_mm512_load_ps(dpr + jv * 16), dl)), sc);
+                            _mm256_store_si256((__m256i *)(p + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(pr));
+                            _mm256_store_si256((__m256i *)(dsm + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(dsr));
+                        }
+                        if (!pass) delta[c0 + i0 + r] += _mm512_reduce_add_ps(acc);
+                        else if (njb & 1) {
+                            _mm256_store_si256((__m256i *)(p + r * lk + njb * 16), _mm256_setzero_si256());
+                            _mm256_store_si256((__m256i *)(dsm + r * lk + njb * 16), _mm256_setzero_si256());
+                        }
+                    }
+                }
+                if (!pass) continue;
+                accumulate_rows(w->dsm, lk, w->kp, njs, kn, ndb, cn, NULL, dq_acc + (int64_t)c0 * MAXD, MAXD, w->ob);
+                transpose_bf16(w->p, lk, lq, lk, w->pt, lq);
+                transpose_bf16(w->dsm, lk, lq, lk, w->dst, lq);
+                accumulate_rows(w->pt, lq, w->dop, nis, cn, ndb, kn, NULL, w->acc2, MAXD, w->ob);  /* dv += P^T g */
+                accumulate_rows(w->dst, lq, w->qp, nis, cn, ndb, kn, NULL, w->acc, MAXD, w->ob);   /* dk += dS^T q */
+            }
+            if (pass) {
+                store_acc(w->acc, MAXD, kn, ndb, NULL, dk + (int64_t)j0 * sdk, sdk);
+                store_acc(w->acc2, MAXD, kn, ndb, NULL, dv + (int64_t)j0 * sdv, sdv);
+            }
+        }
+    store_acc(dq_acc, MAXD, nq, ndb, NULL, dq, sdq);
+}
+
+/* The floats head_backward_long needs beside the scratch (0 where the short backward runs). */
+static int64_t backward_floats(int64_t nq, int64_t nk) { return nq > MAXK || nk > MAXK ? nq * (MAXD + 1) : 0; }
+
+/* The gradients of one (batch, head), any number of queries and keys; `floats` as backward_floats. */
+static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
+                          const uint16_t *g, int64_t sg, const float *lse, uint16_t *dq, int64_t sdq, uint16_t *dk,
+                          int64_t sdk, uint16_t *dv, int64_t sdv, int nq, int nk, int d, float c, float scale,
+                          scratch_t *w, float *floats)
+{
+    if (!floats)
+        head_backward_short(q, sq, k, sk, v, sv, g, sg, lse, dq, sdq, dk, sdk, dv, sdv, nq, nk, d, c, scale, w);
+    else
+        head_backward_long(q, sq, k, sk, v, sv, g, sg, lse, dq, sdq, dk, sdk, dv, sdv, nq, nk, d, c, scale, w, floats,
+                           floats + (int64_t)nq * MAXD);
+}
+
 #define ELEM uint16_t
 #define DIM_MULTIPLE 32
 #include "attention_driver.h"
 
 /* q, k, v, o: (B, H, N, D) bf16 at strides st[0..2] (q), st[3..5] (k), st[6..8] (v), st[9..11] (o);
-   lse: NULL, or (B, H, Nq) float32, contiguous, for the backward (which takes Nk <= 256; the forward takes
-   any Nk). Runs on `threads` OpenMP threads.
+   lse: NULL, or (B, H, Nq) float32, contiguous, for the backward. Runs on `threads` OpenMP threads.
    Returns 0, -1 when the shape is outside what the kernel handles, -2 when out of memory. */
 int ATTENTION_FWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *o, float *lse,
                      int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale,
@@ -353,18 +467,19 @@ int ATTENTION_FWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint1
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
     const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d,
-                     scale * 1.4426950408889634f /* scores go to exp2 */, scale};
+                     scale * 1.4426950408889634f /* scores go to exp2 */, scale, 0};
     return each_head(&j, b, threads, forward_head);
 }
 
 /* The backward of ATTENTION_FWD: q, k, v, g (the output's gradient), dq, dk, dv, all (B, H, N, D) bf16
-   at strides st[0..2], st[3..5], ..., st[18..20] in that order; lse from the forward. Nq <= 256. */
+   at strides st[0..2], st[3..5], ..., st[18..20] in that order; lse from the forward. Any Nq and Nk. */
 int ATTENTION_BWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
                      const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t b, int64_t h, int64_t nq,
                      int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
-    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale,
+                     backward_floats(nq, nk)};
     return each_head(&j, b, threads, backward_head);
 }
 

@@ -4,7 +4,8 @@
 
    The file including this defines first: ELEM (the element type), DIM_MULTIPLE (the head dims it
    takes are multiples of this, up to MAXD), scratch_t, head_forward and head_backward (one (batch,
-   head) each, at row strides in elements), and products_on / products_off around a thread's work. */
+   head) each, at row strides in elements; the backward also gets a thread's buffer of the job's
+   `floats`, NULL when that is 0), and products_on / products_off around a thread's work. */
 #ifndef VS_ATTENTION_DRIVER_H
 #define VS_ATTENTION_DRIVER_H
 
@@ -35,7 +36,21 @@ typedef struct {
     const int64_t *st;
     int64_t h, nq, nk, d;
     float c, scale;
+    int64_t floats;    /* float32 scratch per thread beyond scratch_t, for the backward (0: none) */
 } job_t;
+
+/* This thread's buffer of at least n floats, kept and grown from call to call; NULL when out of memory. */
+static float *thread_floats(int64_t n)
+{
+    static __thread float *buf;
+    static __thread int64_t cap;
+    if (n > cap) {
+        free(buf);
+        buf = aligned_alloc(64, ((size_t)n * sizeof(float) + 63) / 64 * 64);
+        cap = buf ? n : 0;
+    }
+    return buf;
+}
 
 /* The (batch, head)'s rows of the tensor at stride slot t. */
 #define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
@@ -53,19 +68,19 @@ static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
     const int64_t bi = bh / j->h, hi = bh % j->h;
     head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
                   j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
-                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w);
+                  (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w, j->floats ? thread_floats(j->floats) : NULL);
 }
 
 /* Runs `head` for every (batch, head) on `threads` OpenMP threads, each with its scratch, its product
-   unit's state (AMX's tile config) and subnormals off. Returns 0, or -2 when a thread's scratch could
-   not be allocated. */
+   unit's state (AMX's tile config) and subnormals off. Returns 0, or -2 when a thread's scratch (or
+   its buffer of the job's floats) could not be allocated. */
 static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const job_t *, int64_t, scratch_t *))
 {
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         scratch_t *w = scratch();
-        if (!w) failed = 1;
+        if (!w || (j->floats && !thread_floats(j->floats))) failed = 1;
         else {
             products_on();
             const unsigned csr = subnormals_off();

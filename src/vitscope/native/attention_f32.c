@@ -134,8 +134,10 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
    dk = dS^T q. */
 static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
                           const float *g, int64_t sg, const float *lse, float *dq, int64_t sdq, float *dk, int64_t sdk,
-                          float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale, scratch_t *w)
+                          float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale, scratch_t *w,
+                          float *floats)
 {
+    (void)floats;  /* at most MAXK queries and keys: the scratch holds everything */
     const int njv = (nk + 15) / 16, lk = njv * 16, nd = d / 16;
     float *p = w->s, *dp = w->dp;
     const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
@@ -177,7 +179,7 @@ int vs_attention_f32_fwd(const float *q, const float *k, const float *v, float *
                          int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, MAXK)) return -1;
-    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
+    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale, 0};
     return each_head(&j, b, threads, forward_head);
 }
 
@@ -187,6 +189,6 @@ int vs_attention_f32_bwd(const float *q, const float *k, const float *v, const f
                          const int64_t *st, float scale, int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
-    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale};
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale, 0};
     return each_head(&j, b, threads, backward_head);
 }
