@@ -38,14 +38,14 @@ def assert_grads_close(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Te
         assert (ours[name] - theirs[name]).abs().max().item() / scale < tol, name
 
 
-def qkv_attention_against_float64(dtype: torch.dtype, queries: int | None, g_stride: int = 1):
-    """vitscope's attend_qkv on a random (3, 50, 3·4·32) qkv of `dtype`, forward and backward, next to the
+def qkv_attention_against_float64(dtype: torch.dtype, queries: int | None, g_stride: int = 1, n: int = 50):
+    """vitscope's attend_qkv on a random (3, n, 3·4·32) qkv of `dtype`, forward and backward, next to the
     same attention in float64 through the usual split (its first `queries` queries, or all). Returns
     (out, qkv grad, float64 out, float64 qkv grad); checks that attend_qkv accepted the input and that
     queries past the first n got no gradient. `g_stride` > 1 hands it a non-contiguous output gradient."""
     from vitscope import short_attention
 
-    b, n, h, d = 3, 50, 4, 32
+    b, h, d = 3, 4, 32
     gen = torch.Generator().manual_seed(5)
     qkv = torch.randn(b, n, 3 * h * d, generator=gen).to(dtype)
     nq = n if queries is None else queries

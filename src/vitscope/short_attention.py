@@ -127,18 +127,27 @@ def _check(status: int, q: Tensor, k: Tensor) -> None:
         raise ValueError(f"vitscope's attention kernels do not take q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
+def _blockwise(q: Tensor, k: Tensor) -> bool:
+    """Whether the backward runs blockwise (past MAX_KEYS queries or keys), where it takes each query's
+    rowsum(g o) from the output instead of a pass of its own."""
+    return q.shape[-2] > MAX_KEYS or k.shape[-2] > MAX_KEYS
+
+
 def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lse: Tensor, dq: Tensor, dk: Tensor, dv: Tensor,
-              scale: float) -> None:
-    """Writes the gradients into dq, dk, dv (B, H, N, D) from g, the output's gradient (B, H, Nq, D)."""
+              scale: float, o: Tensor | None = None) -> None:
+    """Writes the gradients into dq, dk, dv (B, H, N, D) from g, the output's gradient (B, H, Nq, D);
+    o, the output (B, H, Nq, D), where the backward runs blockwise."""
     if g.dtype != q.dtype:
         g = g.to(q.dtype)
     if g.stride(-1) != 1:
         g = g.contiguous()
+    delta = None if o is None else (g.float() * o.float()).sum(-1)  # (B, H, Nq), contiguous
     b, h, nq, d = q.shape
     strides = _strides(q, k, v, g, dq, dk, dv)
     status = _kernel(q.dtype, True)(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), lse.data_ptr(),
-                                     dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), b, h, nq, k.shape[-2], d,
-                                     strides.data_ptr(), scale, torch.get_num_threads())
+                                     None if delta is None else delta.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                                     dv.data_ptr(), b, h, nq, k.shape[-2], d, strides.data_ptr(), scale,
+                                     torch.get_num_threads())
     _check(status, q, k)
 
 
@@ -149,19 +158,19 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         lse = torch.empty(q.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
         o = _forward(q, k, v, scale, lse)
-        ctx.save_for_backward(q, k, v, lse)
+        ctx.save_for_backward(q, k, v, lse, *((o,) if _blockwise(q, k) else ()))
         ctx.scale = scale
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
-        q, k, v, lse = ctx.saved_tensors
+        q, k, v, lse, *o = ctx.saved_tensors
         b, h, nq, d = q.shape
         nk = k.shape[-2]
         dq = torch.empty(b, nq, h, d, dtype=q.dtype).transpose(1, 2)
         dk, dv = torch.empty(2, b, nk, h, d, dtype=q.dtype).permute(0, 1, 3, 2, 4).unbind(0)
-        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale)
+        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale, *o)
         return dq, dk, dv, None
 
 
@@ -180,20 +189,22 @@ class _QKVAttention(torch.autograd.Function):
         q, k, v = _split(qkv, heads, queries)
         lse = torch.empty(q.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
         o = _forward(q, k, v, scale, lse)  # (B, H, Nq, D) view of (B, Nq, H, D)
-        ctx.save_for_backward(qkv, lse)
+        out = o.transpose(1, 2).flatten(2)  # (B, Nq, H·D), a view
+        ctx.save_for_backward(qkv, lse, *((out,) if _blockwise(q, k) else ()))
         ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
-        return o.transpose(1, 2).flatten(2)  # (B, Nq, H·D), a view
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
-        qkv, lse = ctx.saved_tensors
+        qkv, lse, *out = ctx.saved_tensors
         q, k, v = _split(qkv, ctx.heads, ctx.queries)
+        o = [t.view(*t.shape[:2], ctx.heads, -1).transpose(1, 2) for t in out]  # (B, H, Nq, D), if saved
         partial = ctx.queries is not None and ctx.queries < qkv.shape[1]
         grad = torch.zeros_like(qkv) if partial else torch.empty_like(qkv)  # queries past Nq get no gradient
         dq, dk, dv = _split(grad, ctx.heads, ctx.queries)
         g = g.reshape(*g.shape[:2], ctx.heads, -1).transpose(1, 2)  # (B, H, Nq, D)
-        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale)
+        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale, *o)
         return grad, None, None, None
 
 

@@ -183,7 +183,7 @@ def _load() -> ctypes.CDLL | None:
         attention.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
         attention.restype = i32
     for attention in (lib.vs_attention_bwd, lib.vs_attention_bf16_bwd, lib.vs_attention_f32_bwd):
-        attention.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
+        attention.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
         attention.restype = i32
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]
     lib.vs_gelu_fwd.restype = None

@@ -359,19 +359,24 @@ static void head_backward_short(const uint16_t *q, int64_t sq, const uint16_t *k
 /* The backward for more than MAXK queries or keys, flash attention's way: for each block of up to MAXK
    keys and each chunk of up to MAXK queries, the weights are recomputed from lse, and the block's
    share of dq (kept in float32 for all queries, in `dq_acc`: nq x MAXD floats), dk and dv (float32,
-   in scratch, for the block) is added. delta = rowsum(P dP) runs over all keys, so a first pass sums
-   it over the key blocks (in `delta`, nq floats) before the second uses it. */
+   in scratch, for the block) is added. delta = rowsum(P dP) runs over all keys: `given` (nq floats:
+   rowsum(g o), from the output), or else a first pass sums it over the key blocks (into `delta`, nq
+   floats) before the second uses it. */
 static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v,
                                int64_t sv, const uint16_t *g, int64_t sg, const float *lse,
                                uint16_t *dq, int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv,
-                               int nq, int nk, int d, float c, float scale, scratch_t *w, float *dq_acc, float *delta)
+                               int nq, int nk, int d, float c, float scale, scratch_t *w, float *dq_acc, float *delta,
+                               const float *given)
 {
     const int ndb = d / 16;
     float *s = w->s, *dp = w->dp;
     const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
     memset(dq_acc, 0, (size_t)nq * MAXD * sizeof(float));
-    memset(delta, 0, (size_t)nq * sizeof(float));
-    for (int pass = 0; pass < 2; pass++)
+    if (given)
+        memcpy(delta, given, (size_t)nq * sizeof(float));
+    else
+        memset(delta, 0, (size_t)nq * sizeof(float));
+    for (int pass = given ? 1 : 0; pass < 2; pass++)
         for (int j0 = 0; j0 < nk; j0 += MAXK) {
             const int kn = nk - j0 < MAXK ? nk - j0 : MAXK;
             const int njb = (kn + 15) / 16, njs = (kn + 31) / 32, lk = njs * 32;
@@ -441,17 +446,18 @@ static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k,
 /* The floats head_backward_long needs beside the scratch (0 where the short backward runs). */
 static int64_t backward_floats(int64_t nq, int64_t nk) { return nq > MAXK || nk > MAXK ? nq * (MAXD + 1) : 0; }
 
-/* The gradients of one (batch, head), any number of queries and keys; `floats` as backward_floats. */
+/* The gradients of one (batch, head), any number of queries and keys; `floats` as backward_floats,
+   `delta` each query's rowsum(g o) or NULL (the short backward computes its own). */
 static void head_backward(const uint16_t *q, int64_t sq, const uint16_t *k, int64_t sk, const uint16_t *v, int64_t sv,
-                          const uint16_t *g, int64_t sg, const float *lse, uint16_t *dq, int64_t sdq, uint16_t *dk,
-                          int64_t sdk, uint16_t *dv, int64_t sdv, int nq, int nk, int d, float c, float scale,
-                          scratch_t *w, float *floats)
+                          const uint16_t *g, int64_t sg, const float *lse, const float *delta, uint16_t *dq,
+                          int64_t sdq, uint16_t *dk, int64_t sdk, uint16_t *dv, int64_t sdv, int nq, int nk, int d,
+                          float c, float scale, scratch_t *w, float *floats)
 {
     if (!floats)
         head_backward_short(q, sq, k, sk, v, sv, g, sg, lse, dq, sdq, dk, sdk, dv, sdv, nq, nk, d, c, scale, w);
     else
         head_backward_long(q, sq, k, sk, v, sv, g, sg, lse, dq, sdq, dk, sdk, dv, sdv, nq, nk, d, c, scale, w, floats,
-                           floats + (int64_t)nq * MAXD);
+                           floats + (int64_t)nq * MAXD, delta);
 }
 
 #define ELEM uint16_t
@@ -466,20 +472,22 @@ int ATTENTION_FWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint1
                      int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
-    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d,
+    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, NULL, st, h, nq, nk, d,
                      scale * 1.4426950408889634f /* scores go to exp2 */, scale, 0};
     return each_head(&j, b, threads, forward_head);
 }
 
 /* The backward of ATTENTION_FWD: q, k, v, g (the output's gradient), dq, dk, dv, all (B, H, N, D) bf16
-   at strides st[0..2], st[3..5], ..., st[18..20] in that order; lse from the forward. Any Nq and Nk. */
+   at strides st[0..2], st[3..5], ..., st[18..20] in that order; lse from the forward; delta: NULL, or
+   (B, H, Nq) float32, contiguous, each query's rowsum(g o), which past 256 queries or keys saves a pass
+   (shorter sequences compute it from the recomputed weights, more closely). Any Nq and Nk. */
 int ATTENTION_BWD(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
-                     const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t b, int64_t h, int64_t nq,
-                     int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
+                     const float *lse, const float *delta, uint16_t *dq, uint16_t *dk, uint16_t *dv, int64_t b,
+                     int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
-    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale,
-                     backward_floats(nq, nk)};
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, delta, st, h, nq, nk, d, scale * 1.4426950408889634f,
+                     scale, backward_floats(nq, nk)};
     return each_head(&j, b, threads, backward_head);
 }
 

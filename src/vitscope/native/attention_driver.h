@@ -4,8 +4,8 @@
 
    The file including this defines first: ELEM (the element type), DIM_MULTIPLE (the head dims it
    takes are multiples of this, up to MAXD), scratch_t, head_forward and head_backward (one (batch,
-   head) each, at row strides in elements; the backward also gets a thread's buffer of the job's
-   `floats`, NULL when that is 0), and products_on / products_off around a thread's work. */
+   head) each, at row strides in elements; the backward also gets the head's rows of the job's delta
+   and a thread's buffer of the job's `floats`, each NULL when there is none), and products_on / products_off around a thread's work. */
 #ifndef VS_ATTENTION_DRIVER_H
 #define VS_ATTENTION_DRIVER_H
 
@@ -33,6 +33,7 @@ typedef struct {
     const ELEM *in[4]; /* q, k, v, and for the backward g */
     ELEM *out[3];      /* o, or dq, dk, dv */
     float *lse;
+    const float *delta; /* for the backward: each query's rowsum(g o), or NULL */
     const int64_t *st;
     int64_t h, nq, nk, d;
     float c, scale;
@@ -67,7 +68,7 @@ static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
 {
     const int64_t bi = bh / j->h, hi = bh % j->h;
     head_backward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->in[3], 3), ROW(3),
-                  j->lse + bh * j->nq, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
+                  j->lse + bh * j->nq, j->delta ? j->delta + bh * j->nq : NULL, AT(j->out[0], 4), ROW(4), AT(j->out[1], 5), ROW(5), AT(j->out[2], 6), ROW(6),
                   (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w, j->floats ? thread_floats(j->floats) : NULL);
 }
 

@@ -133,11 +133,11 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
    recomputed, dv = P^T g, dP = g v^T, dS = scale P (dP - delta) with delta = rowsum(P dP), dq = dS k,
    dk = dS^T q. */
 static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
-                          const float *g, int64_t sg, const float *lse, float *dq, int64_t sdq, float *dk, int64_t sdk,
-                          float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale, scratch_t *w,
-                          float *floats)
+                          const float *g, int64_t sg, const float *lse, const float *delta, float *dq, int64_t sdq,
+                          float *dk, int64_t sdk, float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale,
+                          scratch_t *w, float *floats)
 {
-    (void)floats;  /* at most MAXK queries and keys: the scratch holds everything */
+    (void)floats, (void)delta;  /* at most MAXK queries and keys: the scratch holds everything */
     const int njv = (nk + 15) / 16, lk = njv * 16, nd = d / 16;
     float *p = w->s, *dp = w->dp;
     const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
@@ -179,16 +179,18 @@ int vs_attention_f32_fwd(const float *q, const float *k, const float *v, float *
                          int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, MAXK)) return -1;
-    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale, 0};
+    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, NULL, st, h, nq, nk, d, scale * 1.4426950408889634f,
+                     scale, 0};
     return each_head(&j, b, threads, forward_head);
 }
 
-/* As vs_attention_bwd, in float32; Nq <= 256. */
-int vs_attention_f32_bwd(const float *q, const float *k, const float *v, const float *g, const float *lse, float *dq,
-                         float *dk, float *dv, int64_t b, int64_t h, int64_t nq, int64_t nk, int64_t d,
-                         const int64_t *st, float scale, int threads)
+/* As vs_attention_bwd, in float32; Nq <= 256, delta unused (pass NULL). */
+int vs_attention_f32_bwd(const float *q, const float *k, const float *v, const float *g, const float *lse,
+                         const float *delta, float *dq, float *dk, float *dv, int64_t b, int64_t h, int64_t nq,
+                         int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
     if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
-    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, st, h, nq, nk, d, scale * 1.4426950408889634f, scale, 0};
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, delta, st, h, nq, nk, d, scale * 1.4426950408889634f,
+                     scale, 0};
     return each_head(&j, b, threads, backward_head);
 }
