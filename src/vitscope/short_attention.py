@@ -1,4 +1,5 @@
-"""Attention for short sequences on CPU in vitscope's own C kernels, forward and backward.
+"""Attention on CPU in vitscope's own C kernels, forward and backward: short sequences in float32,
+any length in bfloat16.
 
 At a ViT's sequence lengths PyTorch's kernels spend most of their time on per-block overhead: for the
 Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) its flash kernel reaches about 80
@@ -18,12 +19,12 @@ it, flash-style, and returns the three gradients.
 `attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
 float32 or bfloat16, no mask, no dropout; in float32 N_k <= 256 (and N_q <= 256 where gradients are
 needed), in bfloat16 any lengths (past 256, flash attention's online softmax over blocks of 256 keys
-forward, and its blockwise backward with float32 sums),
-head dims that are multiples of 16 (float32) or 32 (bfloat16) up to 128, last dims contiguous,
-outside torch.compile, tracing, forward-mode AD and torch.func. Everything else, and every machine
-where the kernels cannot be built or run (`why_not(dtype)` says why), keeps
-PyTorch's kernels. The backward is not itself differentiable (double backward raises). Tests hold
-outputs and gradients to float64 as close as PyTorch's own paths in the same dtype.
+forward, and its blockwise backward with float32 sums); head dims that are multiples of 16 (float32)
+or 32 (bfloat16) up to 128, last dims contiguous, outside torch.compile, tracing, forward-mode AD and
+torch.func. Everything else, and every machine where the kernels cannot be built or run
+(`why_not(dtype)` says why), keeps PyTorch's kernels. The backward is not itself differentiable
+(double backward raises). Tests hold outputs and gradients to float64 as close as PyTorch's own
+paths in the same dtype.
 """
 
 from __future__ import annotations
