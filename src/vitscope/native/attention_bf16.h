@@ -294,6 +294,26 @@ static void head_forward(const uint16_t *q, int64_t sq, const uint16_t *k, int64
     (nk > MAXK ? head_forward_long : head_forward_short)(q, sq, k, sk, v, sv, o, so, lse, nq, nk, d, c, w);
 }
 
+/* For the 16 queries from i0 of a chunk of n: with `zero`, clear their rows of P and dS past the chunk
+   (they enter the sums over queries), and compute the scores q k^T (into w->s) and dP = g v^T (w->dp)
+   of those that are queries, from the packed kt and vt. Returns how many of the 16 are queries. */
+static int block_scores(const uint16_t *q, int64_t sq, const uint16_t *g, int64_t sg, int i0, int n, int njb, int d,
+                        int lk, int zero, scratch_t *w)
+{
+    const int rows = n - i0 < 0 ? 0 : (n - i0 < 16 ? n - i0 : 16);
+    if (zero && rows < 16) {
+        memset(w->p + (int64_t)(i0 + rows) * lk, 0, (size_t)(16 - rows) * lk * 2);
+        memset(w->dsm + (int64_t)(i0 + rows) * lk, 0, (size_t)(16 - rows) * lk * 2);
+    }
+    if (rows) {
+        int64_t qs, gs;
+        const uint16_t *qa = rows16(q, sq, i0, n, d, w->qpad, &qs), *ga = rows16(g, sg, i0, n, d, w->dopad, &gs);
+        scores(qa, qs, rows, w->kt, njb, d, w->s, MAXK);
+        scores(ga, gs, rows, w->vt, njb, d, w->dp, MAXK);
+    }
+    return rows;
+}
+
 /* The gradients of one (batch, head) from its output's gradient g (nq, d): with P = exp2(c s - lse)
    recomputed from q and k, dv = P^T g, dP = g v^T, dS = scale P (dP - delta) with delta = rowsum(P dP),
    dq = dS k, dk = dS^T q. */
@@ -313,16 +333,8 @@ static void head_backward_short(const uint16_t *q, int64_t sq, const uint16_t *k
     const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
     for (int i0 = 0; i0 < lq; i0 += 16) {
         uint16_t *p = w->p + (int64_t)i0 * lk, *dsm = w->dsm + (int64_t)i0 * lk;
-        const int rows = nq - i0 < 0 ? 0 : (nq - i0 < 16 ? nq - i0 : 16);
-        if (rows < 16) {  /* padding rows: zero, as they enter the sums over queries */
-            memset(p + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
-            memset(dsm + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
-        }
+        const int rows = block_scores(q, sq, g, sg, i0, nq, njb, d, lk, 1, w);
         if (rows == 0) continue;
-        int64_t qs, gs;
-        const uint16_t *qa = rows16(q, sq, i0, nq, d, w->qpad, &qs), *ga = rows16(g, sg, i0, nq, d, w->dopad, &gs);
-        scores(qa, qs, rows, w->kt, njb, d, s, MAXK);
-        scores(ga, gs, rows, w->vt, njb, d, dp, MAXK);
         for (int r = 0; r < rows; r++) {
             /* delta = sum_j P dP in float32 from the recomputed weights: closer than rowsum(g o) from the
                rounded output, where dP - delta cancels. */
@@ -397,16 +409,8 @@ static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k,
                 }
                 for (int i0 = 0; i0 < lq; i0 += 16) {
                     uint16_t *p = w->p + (int64_t)i0 * lk, *dsm = w->dsm + (int64_t)i0 * lk;
-                    const int rows = cn - i0 < 0 ? 0 : (cn - i0 < 16 ? cn - i0 : 16);
-                    if (pass && rows < 16) {  /* padding rows: zero, as they enter the sums over queries */
-                        memset(p + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
-                        memset(dsm + rows * lk, 0, (size_t)(16 - rows) * lk * 2);
-                    }
+                    const int rows = block_scores(qc, sq, gc, sg, i0, cn, njb, d, lk, pass, w);
                     if (rows == 0) continue;
-                    int64_t qs, gs;
-                    const uint16_t *qa = rows16(qc, sq, i0, cn, d, w->qpad, &qs), *ga = rows16(gc, sg, i0, cn, d, w->dopad, &gs);
-                    scores(qa, qs, rows, w->kt, njb, d, s, MAXK);
-                    scores(ga, gs, rows, w->vt, njb, d, dp, MAXK);
                     for (int r = 0; r < rows; r++) {
                         const float *sr = s + r * MAXK, *dpr = dp + r * MAXK;
                         const __m512 l = _mm512_set1_ps(lse[c0 + i0 + r]), dl = _mm512_set1_ps(delta[c0 + i0 + r]);
