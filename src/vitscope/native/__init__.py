@@ -5,7 +5,8 @@ instructions a kernel needs, or `VITSCOPE_NATIVE=0` is set, callers keep their P
 
 Each source is compiled for its own instruction set (`SOURCES`): the float32 attention for AVX-512
 alone (any AVX-512 CPU: Intel since Skylake-SP, AMD since Zen 4), the bfloat16 GELU, LayerNorm and
-residual kernels for AVX-512 with its bfloat16 extension, the bfloat16 attention for AMX. The
+residual kernels and one build of the bfloat16 attention for AVX-512 with its bfloat16 extension
+(AMD since Zen 4, Intel since Cooper Lake), the other build of the bfloat16 attention for AMX. The
 library loads where the CPU has the first; `has(isa)` says whether a kernel of that set may run,
 and `why_not(isa)` why not.
 
