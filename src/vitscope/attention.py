@@ -139,7 +139,7 @@ def attend(
     nq, nk = q.shape[-2], k.shape[-2]
     fused = _use_fused(q, k, v, return_weights)
     if not return_weights and mask is None and not causal and dropout_p == 0.0 and short_attention.usable(q, k, v):
-        return short_attention.attend(q, k, v, scale)  # short sequences, vitscope's C kernels
+        return short_attention.attend(q, k, v, scale)  # vitscope's C kernels
     if fused and causal and mask is None and nq == nk:
         # The kernel's own causal mode never builds the (Nq, Nk) mask, and every row sees itself.
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
