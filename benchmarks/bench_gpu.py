@@ -13,6 +13,7 @@ weights), as on the CPU.
    for bench_vit.py's two plain shapes, in images/s: vitscope, transformers' ViT (sdpa and eager),
    vit-pytorch (when installed) and the tutorials' code, built by bench_vit.build_model from the same
    numbers. Batches are larger than the CPU's, so that the GPU, not the launch overhead, sets the pace.
+   With `--compile`, every training step again under torch.compile (compile time reported apart).
 2. Attention at ViT-S head shapes (6 heads of 64), N in {65, 257, 1025, 4097, 16385}, B·N about 65k
    tokens: vitscope's `attend` (on a GPU it hands the call to PyTorch's fused kernel: flash or
    cuDNN), F.scaled_dot_product_attention, the explicit softmax path (where the scores fit), and
@@ -141,16 +142,17 @@ def module_call(mha, x, backward: bool, ours: bool):
     return call
 
 
-def vit_rows(shapes: list[str], impls: list[str], steps: int, quick: bool) -> list[str]:
-    rows = ["| shape | mode | implementation | batch | images/s | vitscope ÷ this | TFLOP/s of model FLOPs "
-            "| step MiB |", "|---|---|---|---:|---:|---:|---:|---:|"]
+def vit_rows(shapes: list[str], impls: list[str], steps: int, quick: bool, modes: tuple[str, ...] = ("train", "infer"),
+             compile: bool = False) -> list[str]:
+    rows = ["| shape | mode | compile | implementation | batch | images/s | vitscope ÷ this | TFLOP/s of model FLOPs "
+            "| step MiB | first step s |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for shape in shapes:
         flops = bench_vit.forward_flops(bench_vit.shape_config(shape))
         cfg = bench_vit.shape_config(shape)
         img = cfg.img_size if isinstance(cfg.img_size, int) else cfg.img_size[0]
-        for mode in ("train", "infer"):
+        for mode in modes:
             batch = GPU_BATCH[shape][mode] // (8 if quick else 1)
-            results = {}
+            results, failures = {}, []
             for impl in impls:
                 try:
                     torch.manual_seed(0)
@@ -160,20 +162,34 @@ def vit_rows(shapes: list[str], impls: list[str], steps: int, quick: bool) -> li
                     continue
                 x = torch.randn(batch, cfg.in_chans, img, img, device="cuda")
                 y = torch.randint(0, cfg.num_classes, (batch,), device="cuda")
-                step = make_step(model, x, y, mode == "train", fused=impl == "vitscope")
-                step()
+                net = torch.compile(model) if compile else model
+                step = make_step(net, x, y, mode == "train", fused=impl == "vitscope")
+                t0 = time.perf_counter()
+                try:
+                    step()  # compiles, when compiling
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001  (a failure becomes a row saying why)
+                    reason = (str(e).strip().splitlines() or [""])[0]
+                    failures.append(f"| {shape} | {mode} | {'yes' if compile else 'no'} | {bench_vit.LABELS[impl]} | "
+                                    f"{batch} | failed: {type(e).__name__} {reason}"[:200] + " | | | | |")
+                    print(f"  {shape} {mode} {impl}: failed ({type(e).__name__})", flush=True)
+                    del model, net, x, y, step
+                    torch.cuda.empty_cache()
+                    continue
+                first = time.perf_counter() - t0
                 mib = peak_mib(step)
                 t = median(timed(step, steps, 3))
-                results[impl] = (batch / t, mib)
+                results[impl] = (batch / t, mib, first)
                 print(f"  {shape} {mode} {impl}: {batch / t:,.0f} images/s", flush=True)
                 del model, x, y
                 torch.cuda.empty_cache()
             ours = results.get("vitscope", (None,))[0]
             mult = 3 if mode == "train" else 1
-            for impl, (rate, mib) in results.items():
+            for impl, (rate, mib, first) in results.items():
                 ratio = f"{ours / rate:.2f}" if ours else ""
-                rows.append(f"| {shape} | {mode} | {bench_vit.LABELS[impl]} | {batch} | {rate:,.0f} | {ratio} | "
-                            f"{rate * flops * mult / 1e12:.1f} | {mib:,.0f} |")
+                rows.append(f"| {shape} | {mode} | {'yes' if compile else 'no'} | {bench_vit.LABELS[impl]} | {batch} | "
+                            f"{rate:,.0f} | {ratio} | {rate * flops * mult / 1e12:.1f} | {mib:,.0f} | {first:.1f} |")
+            rows += failures
     return rows
 
 
@@ -225,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="smaller batches, N up to 1025, fewer steps")
     ap.add_argument("--out", type=Path, help="also write the markdown to this file")
     ap.add_argument("--impls", nargs="+", default=list(bench_vit.IMPLS), choices=bench_vit.IMPLS)
+    ap.add_argument("--compile", action="store_true", help="also every training step under torch.compile")
+    ap.add_argument("--no-attention", action="store_true", help="skip the attention tables")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU; on a CPU run bench_vit.py and bench_attention.py")
@@ -233,14 +251,18 @@ def main(argv: list[str] | None = None) -> None:
     peak = mm_peak()
     print(f"bfloat16 mm peak {peak:.0f} TFLOP/s", flush=True)
     vit = vit_rows(["fmnist_plain", "vit_s16"], args.impls, steps, args.quick)
-    att = attention_rows(LENGTHS[:3] if args.quick else LENGTHS, peak, steps)
-    cmd = "python benchmarks/bench_gpu.py" + (" --quick" if args.quick else "")
+    if args.compile:
+        vit += vit_rows(["fmnist_plain", "vit_s16"], args.impls, steps, args.quick, ("train",), compile=True)[2:]
+    att = [] if args.no_attention else attention_rows(LENGTHS[:3] if args.quick else LENGTHS, peak, steps)
+    cmd = "python benchmarks/bench_gpu.py" + "".join(
+        f" --{flag.replace('_', '-')}" for flag in ("quick", "compile", "no_attention") if getattr(args, flag))
     text = "\n".join([
         SECTION, "", f"Command: `{cmd}`", "", header(), f"- torch.mm peak, bfloat16 (8192³): **{peak:.0f} TFLOP/s**",
         "", "### ViT training step and inference, bfloat16 autocast", "", *vit, "",
         "images/s: batch ÷ median step time (CUDA synchronised). vitscope ÷ this: above 1, vitscope is faster. "
         "TFLOP/s: the model's matmul FLOPs (bench_vit.py's count; ×3 for a training step) per second. step MiB: "
-        "peak CUDA memory allocated during one step above what was held before it.", "",
+        "peak CUDA memory allocated during one step above what was held before it. first step s: the first "
+        "step alone (for compiled rows, the compile), kept out of images/s.", "",
         f"### Attention, bfloat16, {HEADS} heads of {HEAD_DIM}", "", *att, "",
         "FLOPs: 4·B·H·N²·D forward, ×3.5 for forward+backward. ¹ the module with its projections, input "
         "(B, N, 384) in float32 under bfloat16 autocast (no FLOP share given). explicit: softmax(q kᵀ) v with "
