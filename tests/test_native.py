@@ -138,3 +138,17 @@ def test_thread_count_does_not_change_the_result(dtype, nk):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(many, one)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_torch_compile_traces_a_vit_in_one_graph(bf16):
+    """Asking whether a kernel may run must not break a compiled graph (the loader's lock once did, at
+    every attention call): under torch.compile the kernels answer no before touching the library."""
+    import torch._dynamo as dynamo
+
+    from vitscope.models import create_model
+
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        explained = dynamo.explain(model)(torch.randn(4, 1, 28, 28))
+    assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]

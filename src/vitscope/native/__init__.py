@@ -205,7 +205,10 @@ def library() -> ctypes.CDLL | None:
 
 def has(isa: str) -> bool:
     """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
-    has the instructions."""
+    has the instructions. Never inside torch.compile's tracing: no kernel runs in a compiled graph, and
+    the loader's lock would break the graph at every call that asks."""
+    if torch.compiler.is_compiling():
+        return False
     return library() is not None and _isas.get(isa) is None
 
 
