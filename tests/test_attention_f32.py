@@ -62,6 +62,18 @@ def test_gradients_match_float64_as_closely_as_pytorch(nq, nk, d):
 
 
 @needs_kernel
+@pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (17, 1, 64), (40, 200, 16)])
+def test_log_sum_exp_kept_for_the_backward_matches_float64(nq, nk, d):
+    q, k, v = _qkv(2, 3, nq, nk, d, seed=nq)
+    q = q * torch.linspace(0.1, 4, nq).view(1, 1, nq, 1)  # sums from about nk down to about 1
+    lse = torch.empty(2, 3, nq)
+    short_attention._forward(q, k, v, d**-0.5, lse)
+    scores = (q.double() @ k.double().transpose(-2, -1)) * d**-0.5
+    ref = torch.logsumexp(scores, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    torch.testing.assert_close(lse.double(), ref, atol=2e-6, rtol=1e-6)
+
+
+@needs_kernel
 def test_large_scores_give_a_one_hot_softmax():
     q, k, v = _qkv(1, 2, 20, 40, 32)
     q = q * 100  # scores in the thousands: exp must neither overflow nor go subnormal

@@ -52,6 +52,20 @@ def test_matches_float64_as_closely_as_pytorch(nq, nk, d):
     torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (17, 1, 64), (33, 200, 32), (40, 700, 64)])
+def test_log_sum_exp_kept_for_the_backward_matches_float64(nq, nk, d):
+    """The forward keeps each query's log2-sum-exp2 of its scaled scores, from which the backward
+    recomputes the weights: vector log2 over a block's rows, within float32's rounding."""
+    q, k, v = _qkv(2, 3, nq, nk, d, seed=nq)
+    q = q * torch.linspace(0.1, 4, nq).view(1, 1, nq, 1).to(BF)  # sums from about nk down to about 1
+    lse = torch.empty(2, 3, nq)
+    scale = d**-0.5
+    short_attention._forward(q, k, v, scale, lse)
+    scores = (q.double() @ k.double().transpose(-2, -1)) * scale
+    ref = torch.logsumexp(scores, -1) / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    torch.testing.assert_close(lse.double(), ref, atol=2e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("nq,nk,d", [(300, 300, 32), (50, 257, 64), (1, 700, 32), (17, 600, 128), (300, 513, 96),
                                      (257, 1025, 64)])
 def test_many_keys_without_gradients_match_float64_as_closely_as_pytorch(nq, nk, d):

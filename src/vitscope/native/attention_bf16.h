@@ -83,14 +83,15 @@ static void transpose_bf16(const uint16_t *x, int64_t lx, int rows, int cols, ui
 }
 
 /* Rows [i0, i0 + 16) of x (n rows, d cols, stride sx) as an A operand: the rows themselves, or, for the
-   last partial block, a zero-padded copy in pad (16 x MAXD). Sets *stride in bytes. */
+   last partial block, a copy in pad (16 x MAXD) whose rows past n hold whatever they held (zeros from the
+   scratch's allocation, or rows of an earlier call): the products read them, but nothing computed from
+   them is kept. Sets *stride in bytes. */
 static const uint16_t *rows16(const uint16_t *x, int64_t sx, int i0, int n, int d, uint16_t *pad, int64_t *stride)
 {
     if (n - i0 >= 16) {
         *stride = sx * 2;
         return x + (int64_t)i0 * sx;
     }
-    memset(pad, 0, 16 * MAXD * 2);
     for (int r = 0; r < n - i0; r++) memcpy(pad + r * MAXD, x + (int64_t)(i0 + r) * sx, (size_t)d * 2);
     *stride = MAXD * 2;
     return pad;
@@ -223,12 +224,16 @@ static void head_forward_short(const uint16_t *q, int64_t sq, const uint16_t *k,
                which are never stored. Columns past nk get weight 0 (and v's padding rows are 0). */
             for (int r = 0; r < rows; r++) {
                 float *sr = s + r * MAXK;
-                uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
                 const float mx = scale_row(sr, njb, nk, cs);
-                const float total = weights_row(sr, njb, nk, mx, pr);
-                w->inv[i0 + r] = 1.0f / total;
-                if (lse) lse[c0 + i0 + r] = mx + log2f(total);
+                w->mx[r] = mx;
+                w->sum[r] = weights_row(sr, njb, nk, mx, w->p + (int64_t)(i0 + r) * lk);
             }
+            /* The block's 16 reciprocals and log-sum-exps at once, off the rows' chain of reductions. */
+            const __mmask16 m = lanes(rows, 0);
+            const __m512 total = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), m, w->sum);
+            _mm512_storeu_ps(w->inv + i0, _mm512_div_ps(_mm512_set1_ps(1.0f), total));
+            if (lse)
+                _mm512_mask_storeu_ps(lse + c0 + i0, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, w->mx), log2_ps(total)));
         }
         product_rows(w->p, lk, w->kp, njs, nk, ndb, cn, w->inv, o + (int64_t)c0 * so, so, w->ob);
     }

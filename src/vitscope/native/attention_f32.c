@@ -92,6 +92,7 @@ static inline __mmask16 lanes(int n, int jv) { int left = n - jv * 16; return le
 typedef struct {
     float kt[MAXD * MAXK], vt[MAXD * MAXK]; /* k and v transposed, keys padded to 16 */
     float s[MAXK * MAXK], dp[MAXK * MAXK];  /* scores / weights; their gradients */
+    float mx[QBLOCK], sum[QBLOCK];          /* the forward's row maxima and sums of weights */
 } scratch_t;
 
 /* o = softmax(scale q k^T) v for one (batch, head); with lse, each query's log2-sum-exp2 (c = scale log2 e). */
@@ -123,8 +124,15 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
             const float total = _mm512_reduce_add_ps(sum);
             const __m512 inv = _mm512_set1_ps(1.0f / total);
             for (int jv = 0; jv < njv; jv++) _mm512_storeu_ps(sr + jv * 16, _mm512_mul_ps(_mm512_loadu_ps(sr + jv * 16), inv));
-            if (lse) lse[i0 + r] = _mm512_reduce_max_ps(m) + log2f(total);
+            w->mx[r] = _mm512_reduce_max_ps(m);
+            w->sum[r] = total;
         }
+        if (lse)  /* the block's log-sum-exps at once, off the rows' chain of reductions */
+            for (int r0 = 0; r0 < rows; r0 += 16) {
+                const __mmask16 lm = lanes(rows - r0, 0);
+                const __m512 total = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), lm, w->sum + r0);
+                _mm512_mask_storeu_ps(lse + i0 + r0, lm, _mm512_add_ps(_mm512_maskz_loadu_ps(lm, w->mx + r0), log2_ps(total)));
+            }
         gemm(rows, d / 16, nk, s, lk, 1, v, sv, o + (int64_t)i0 * so, so);  /* o = P v */
     }
 }

@@ -1,0 +1,93 @@
+"""A/B: the working tree's C kernels against another commit's, in one process, in a model's training step.
+
+    python benchmarks/ab_native_build.py --ref HEAD --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_native_build.py --ref HEAD~3 --inference --model vit_small_patch16_224 --batch 64
+
+A change to vitscope/native/ is measured against the commit before it: that commit's kernel sources
+(`git show REF:src/vitscope/native/...`) are built beside the working tree's, both libraries are
+loaded, and the model's training steps (benchmarks/_ab.py), or with `--inference` its inference
+forwards, alternate between them round by round, with `vitscope.native.library` answering with one
+library or the other. Everything else (the Python side, the model, the batch) is the working tree's,
+so the C functions' signatures must be the same in both. Separate processes would not do here: this
+host's speed drifts by 10-20% over minutes, more than most kernel changes are worth.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab as ab  # noqa: E402
+from ab_fused_linear import inference_step  # noqa: E402
+from vitscope import native  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
+
+NATIVE = "src/vitscope/native"
+
+
+def sources_at(ref: str, into: Path) -> Path:
+    """The kernel sources (*.c, *.h) of commit `ref`, written into the folder `into`."""
+    root = Path(__file__).resolve().parent.parent
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{ref}:{NATIVE}"], cwd=root, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in names:
+        if name.endswith((".c", ".h")):
+            blob = subprocess.run(["git", "show", f"{ref}:{NATIVE}/{name}"], cwd=root, check=True,
+                                  capture_output=True).stdout
+            (into / name).write_bytes(blob)
+    return into
+
+
+def load_from(folder: Path):
+    """The kernels built from `folder`'s sources, loaded and typed as vitscope.native loads its own."""
+    here = native._HERE
+    native._HERE = folder
+    try:
+        lib = native._load.__wrapped__()
+    finally:
+        native._HERE = here
+    if lib is None:
+        sys.exit(f"the kernels from {folder} did not build or load: {native._reason}")
+    return lib
+
+
+def using(step, lib):
+    """`step` run with vitscope.native.library() answering `lib`."""
+    return ab.with_attribute(step, native, "library", lambda: lib)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = ab.parser(__doc__)
+    ab.add_model_sets(ap)
+    ap.add_argument("--ref", default="HEAD", help="the commit whose kernels are B (default HEAD)")
+    ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
+    args = ap.parse_args(argv)
+    overrides = ab.model_overrides(ap, args)
+    ours = native.library()
+    if ours is None:
+        sys.exit(f"vitscope's kernels cannot run here: {native.why_not()}")
+    with tempfile.TemporaryDirectory(prefix="vitscope-ab-native-") as tmp:
+        theirs = load_from(sources_at(args.ref, Path(tmp)))
+    torch.manual_seed(0)
+    model = create_model(args.model, **overrides)
+    if args.inference:
+        model.eval()
+        step = inference_step(model, args.batch, dtype=args.dtype)
+    else:
+        step = ab.training_step(model, args.batch, dtype=args.dtype)
+    steps = {"working tree": using(step, ours), args.ref: using(step, theirs)}
+    rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
+    print(ab.machine_header())
+    what = "inference forward" if args.inference else "training step"
+    print(f"\n{' '.join([args.model, *args.set])}, batch {args.batch}, {ab.step_label(args)} {what}, "
+          f"{args.rounds} alternating rounds of {args.steps}\n")
+    print(ab.ratio_table(rates, "working tree", args.ref, "kernels"))
+
+
+if __name__ == "__main__":
+    main()
