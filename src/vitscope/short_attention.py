@@ -201,8 +201,9 @@ class _QKVAttention(torch.autograd.Function):
         qkv, lse, *out = ctx.saved_tensors
         q, k, v = _split(qkv, ctx.heads, ctx.queries)
         o = [t.view(*t.shape[:2], ctx.heads, -1).transpose(1, 2) for t in out]  # (B, H, Nq, D), if saved
-        partial = ctx.queries is not None and ctx.queries < qkv.shape[1]
-        grad = torch.zeros_like(qkv) if partial else torch.empty_like(qkv)  # queries past Nq get no gradient
+        grad = torch.empty_like(qkv)
+        if ctx.queries is not None and ctx.queries < qkv.shape[1]:
+            grad[:, ctx.queries:, : qkv.shape[-1] // 3].zero_()  # queries past Nq get no gradient
         dq, dk, dv = _split(grad, ctx.heads, ctx.queries)
         g = g.reshape(*g.shape[:2], ctx.heads, -1).transpose(1, 2)  # (B, H, Nq, D)
         _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale, *o)
