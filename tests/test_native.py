@@ -152,3 +152,43 @@ def test_torch_compile_traces_a_vit_in_one_graph(bf16):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         explained = dynamo.explain(model)(torch.randn(4, 1, 28, 28))
     assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
+
+
+@pytest.mark.skipif(not native.has("avx512"), reason=f"kernels unavailable: {native.why_not('avx512')}")
+@pytest.mark.parametrize("bf16", [False, True])
+def test_torch_compile_keeps_the_attention_kernel_and_its_gradients(bf16):
+    """Under torch.compile the qkv attention runs as vitscope's custom op, inside the graph, and a
+    compiled training step's gradients are the eager step's (AOTAutograd with eager kernels: the fake
+    shapes, the saved tensors and the backward op are all traced)."""
+    import torch._dynamo as dynamo
+    import torch.nn.functional as F
+
+    from vitscope import short_attention
+    from vitscope.models import create_model
+
+    if bf16 and short_attention.kernel_for(torch.bfloat16) is None:
+        pytest.skip(short_attention.why_not(torch.bfloat16))
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    ops = []
+
+    def seen(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    def grads(net):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            F.cross_entropy(net(x), y).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        torch.compile(model, backend=seen)(x)
+    assert ops.count("vitscope.qkv_attention.default") == 2  # one per block
+    dynamo.reset()
+    eager, compiled = grads(model), grads(torch.compile(model, backend="aot_eager"))
+    dynamo.reset()
+    from conftest import assert_grads_close
+
+    assert_grads_close(compiled, eager, 1e-2 if bf16 else 1e-5)

@@ -20,8 +20,10 @@ it, flash-style, and returns the three gradients.
 float32 or bfloat16, no mask, no dropout; in float32 N_k <= 256 (and N_q <= 256 where gradients are
 needed), in bfloat16 any lengths (past 256, flash attention's online softmax over blocks of 256 keys
 forward, and its blockwise backward with float32 sums); head dims that are multiples of 16 (float32)
-or 32 (bfloat16) up to 128, last dims contiguous, outside torch.compile, tracing, forward-mode AD and
-torch.func. Everything else, and every machine where the kernels cannot be built or run
+or 32 (bfloat16) up to 128, last dims contiguous, outside tracing, forward-mode AD and torch.func.
+Under torch.compile the models' path (`attend_qkv`, from the fused qkv projection) runs as the custom
+op `vitscope::qkv_attention`, which the compiled graph keeps; `attend` on separate q, k and v leaves
+compiled graphs to PyTorch's kernels. Everything else, and every machine where the kernels cannot be built or run
 (`why_not(dtype)` says why), keeps PyTorch's kernels. The backward is not itself differentiable
 (double backward raises). Tests hold outputs and gradients to float64 as close as PyTorch's own
 paths in the same dtype.
@@ -81,21 +83,27 @@ def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether `attend(q, k, v)` may run the kernels: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
+def _fits(q: Tensor, k: Tensor, v: Tensor) -> Kernel | None:
+    """The build that takes q (B, H, Nq, D), k and v (B, H, Nk, D) here, or None."""
     kernel = kernel_for(q.dtype)
     if kernel is None or not all(t.device.type == "cpu" and t.dtype == q.dtype and t.layout == torch.strided
                                  and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
-        return False
+        return None
     b, h, nq, d = q.shape
     if k.shape != v.shape or k.shape[:2] != (b, h) or k.shape[-1] != d or min(b, h, nq) < 1:
-        return False
+        return None
     nk = k.shape[-2]
     if not (1 <= nk and d % kernel.head_dim_multiple == 0 and d <= MAX_HEAD_DIM):
-        return False
+        return None
     if not kernel.any_length and (nk > MAX_KEYS or (nq > MAX_KEYS and _wants_grad(q, k, v))):
-        return False
-    return native.runnable(q, k, v, isa=kernel.isa)
+        return None
+    return kernel
+
+
+def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether `attend(q, k, v)` may run the kernels: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
+    kernel = _fits(q, k, v)
+    return kernel is not None and native.runnable(q, k, v, isa=kernel.isa)
 
 
 def _kernel(dtype: torch.dtype, backward: bool):
@@ -109,10 +117,12 @@ def _strides(*ts: Tensor) -> Tensor:
     return torch.tensor([s for t in ts for s in t.stride()[:3]], dtype=torch.int64)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, lse: Tensor | None) -> Tensor:
+def _forward(q: Tensor, k: Tensor, v: Tensor, scale: float, lse: Tensor | None, o: Tensor | None = None) -> Tensor:
+    """o = softmax(scale q kᵀ) v (B, H, Nq, D), written into `o` when given, else a view of a new
+    (B, Nq, H, D) tensor; lse, when given, gets each query's log-sum-exp (log2 domain)."""
     b, h, nq, d = q.shape
-    out = torch.empty(b, nq, h, d, dtype=q.dtype)
-    o = out.transpose(1, 2)  # (B, H, Nq, D), written in the (B, Nq, H, D) layout
+    if o is None:
+        o = torch.empty(b, nq, h, d, dtype=q.dtype).transpose(1, 2)  # (B, H, Nq, D), in the (B, Nq, H, D) layout
     strides = _strides(q, k, v, o)
     status = _kernel(q.dtype, False)(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                      None if lse is None else lse.data_ptr(), b, h, nq, k.shape[-2], d,
@@ -181,49 +191,119 @@ def _split(qkv: Tensor, heads: int, queries: int | None) -> tuple[Tensor, Tensor
     return (q if queries is None else q[:, :, :queries]), k, v  # (B, H, N, D) views
 
 
-class _QKVAttention(torch.autograd.Function):
-    """Self-attention straight from the fused projection's output and back: the gradient is written
-    into one (B, N, 3·H·D) tensor, so no split, stack or re-layout copies run either way."""
+# Self-attention straight from the fused projection's output and back: the gradient is written into
+# one (B, N, 3·H·D) tensor, so no split, stack or re-layout copies run either way. `queries` < 0:
+# every token's query. Eager calls run an autograd function; under torch.compile the same code runs as
+# a torch.library custom op, which the compiled graph keeps whole (Inductor calls it as an opaque
+# kernel) instead of tracing PyTorch's attention in its place. (The custom op's dispatch costs about
+# 10 µs a call in inference and 40 in training more than the function's, which small batches feel.)
 
+
+def _qkv_forward(qkv: Tensor, heads: int, scale: float, queries: int, keep_lse: bool) -> tuple[Tensor, Tensor]:
+    """(out (B, Nq, H·D), lse (B, H, Nq) float32 where `keep_lse`, else empty)."""
+    q, k, v = _split(qkv, heads, queries if queries >= 0 else None)
+    b, h, nq, d = q.shape
+    out = torch.empty(b, nq, h * d, dtype=qkv.dtype)  # written through (B, H, Nq, D) strides
+    lse = torch.empty((b, h, nq) if keep_lse else (0,), dtype=torch.float32)  # log2 domain
+    _forward(q, k, v, scale, lse if keep_lse else None, out.view(b, nq, h, d).transpose(1, 2))
+    return out, lse
+
+
+def _qkv_backward(g: Tensor, qkv: Tensor, lse: Tensor, out: Tensor, heads: int, scale: float, queries: int) -> Tensor:
+    """qkv's gradient from the output's gradient g (B, Nq, H·D); `out` the forward's output where the
+    backward runs blockwise, else an empty tensor."""
+    if g.dtype != qkv.dtype:
+        g = g.to(qkv.dtype)
+    q, k, v = _split(qkv, heads, queries if queries >= 0 else None)
+    grad = torch.empty_like(qkv)
+    if 0 <= queries < qkv.shape[1]:
+        grad[:, queries:, : qkv.shape[-1] // 3].zero_()  # queries past Nq get no gradient
+    dq, dk, dv = _split(grad, heads, queries if queries >= 0 else None)
+    g = g.reshape(*g.shape[:2], heads, -1).transpose(1, 2)  # (B, H, Nq, D)
+    o = [out.view(*out.shape[:2], heads, -1).transpose(1, 2)] if out.numel() else []
+    _backward(q, k, v, g, lse, dq, dk, dv, scale, *o)
+    return grad
+
+
+def _kept_output(qkv: Tensor, heads: int, queries: int, out: Tensor) -> Tensor:
+    """What the backward needs of the output: itself where it runs blockwise, else nothing."""
+    q, k, _ = _split(qkv, heads, queries if queries >= 0 else None)
+    return out if _blockwise(q, k) else out.new_empty(0)
+
+
+class _QKVAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, qkv: Tensor, heads: int, scale: float, queries: int | None) -> Tensor:
-        q, k, v = _split(qkv, heads, queries)
-        lse = torch.empty(q.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
-        o = _forward(q, k, v, scale, lse)  # (B, H, Nq, D) view of (B, Nq, H, D)
-        out = o.transpose(1, 2).flatten(2)  # (B, Nq, H·D), a view
-        ctx.save_for_backward(qkv, lse, *((out,) if _blockwise(q, k) else ()))
+    def forward(ctx, qkv: Tensor, heads: int, scale: float, queries: int) -> Tensor:
+        out, lse = _qkv_forward(qkv, heads, scale, queries, True)
+        ctx.save_for_backward(qkv, lse, _kept_output(qkv, heads, queries, out))
         ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
-        qkv, lse, *out = ctx.saved_tensors
-        q, k, v = _split(qkv, ctx.heads, ctx.queries)
-        o = [t.view(*t.shape[:2], ctx.heads, -1).transpose(1, 2) for t in out]  # (B, H, Nq, D), if saved
-        grad = torch.empty_like(qkv)
-        if ctx.queries is not None and ctx.queries < qkv.shape[1]:
-            grad[:, ctx.queries:, : qkv.shape[-1] // 3].zero_()  # queries past Nq get no gradient
-        dq, dk, dv = _split(grad, ctx.heads, ctx.queries)
-        g = g.reshape(*g.shape[:2], ctx.heads, -1).transpose(1, 2)  # (B, H, Nq, D)
-        _backward(q, k, v, g, lse, dq, dk, dv, ctx.scale, *o)
-        return grad, None, None, None
+        qkv, lse, out = ctx.saved_tensors
+        return _qkv_backward(g, qkv, lse, out, ctx.heads, ctx.scale, ctx.queries), None, None, None
+
+
+@torch.library.custom_op("vitscope::qkv_attention", mutates_args=(), device_types="cpu")
+def _qkv_attention_op(qkv: Tensor, heads: int, scale: float, queries: int, keep_lse: bool) -> tuple[Tensor, Tensor]:
+    return _qkv_forward(qkv, heads, scale, queries, keep_lse)
+
+
+@_qkv_attention_op.register_fake
+def _(qkv: Tensor, heads: int, scale: float, queries: int, keep_lse: bool) -> tuple[Tensor, Tensor]:
+    b, n, c3 = qkv.shape
+    nq = n if queries < 0 else queries
+    return qkv.new_empty(b, nq, c3 // 3), qkv.new_empty((b, heads, nq) if keep_lse else (0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("vitscope::qkv_attention_backward", mutates_args=(), device_types="cpu")
+def _qkv_attention_backward_op(g: Tensor, qkv: Tensor, lse: Tensor, out: Tensor, heads: int, scale: float,
+                               queries: int) -> Tensor:
+    return _qkv_backward(g, qkv, lse, out, heads, scale, queries)
+
+
+@_qkv_attention_backward_op.register_fake
+def _(g: Tensor, qkv: Tensor, lse: Tensor, out: Tensor, heads: int, scale: float, queries: int) -> Tensor:
+    return torch.empty_like(qkv)
+
+
+def _op_setup_context(ctx, inputs, output) -> None:
+    qkv, heads, scale, queries, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, lse, _kept_output(qkv, heads, queries, out))
+    ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
+
+
+def _op_backward(ctx, g: Tensor, _lse_grad: Tensor):
+    qkv, lse, out = ctx.saved_tensors
+    return _qkv_attention_backward_op(g, qkv, lse, out, ctx.heads, ctx.scale, ctx.queries), None, None, None, None
+
+
+_qkv_attention_op.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
 def usable_qkv(qkv: Tensor, heads: int, queries: int | None = None) -> bool:
     """Whether `attend_qkv(qkv, heads, ...)` may run the kernels: qkv (B, N, 3·H·D), contiguous."""
     if qkv.dim() != 3 or qkv.shape[-1] % (3 * heads) or not qkv.is_contiguous():
         return False
-    return usable(*_split(qkv, heads, queries))
+    q, k, v = _split(qkv, heads, queries)
+    if torch.compiler.is_compiling():  # a custom op, which the compiled graph keeps (native.has answers there)
+        return qkv.device.type == "cpu" and _fits(q, k, v) is not None
+    return usable(q, k, v)
 
 
 def attend_qkv(qkv: Tensor, heads: int, scale: float, queries: int | None = None) -> Tensor:
     """Self-attention of a fused projection's output qkv (B, N, 3·H·D) -> (B, Nq, H·D), the heads
     side by side; `queries=n` takes the first n tokens' queries. Check `usable_qkv` first."""
-    if torch.is_grad_enabled() and qkv.requires_grad:
+    training = torch.is_grad_enabled() and qkv.requires_grad
+    queries = -1 if queries is None else queries
+    if torch.compiler.is_compiling():
+        return _qkv_attention_op(qkv, heads, float(scale), queries, training)[0]
+    if training:
         return _QKVAttention.apply(qkv, heads, float(scale), queries)
-    q, k, v = _split(qkv, heads, queries)
-    return _forward(q, k, v, float(scale), None).transpose(1, 2).flatten(2)
+    return _qkv_forward(qkv, heads, float(scale), queries, False)[0]
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:

@@ -55,6 +55,7 @@ FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
 _isas: dict[str, str | None] = {}  # each instruction set: None where its kernels may run, else why not
+_loaded = False  # whether the library has loaded in this process
 
 
 def cache_dir() -> Path:
@@ -194,6 +195,8 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_layer_norm_bwd.restype = None
     lib.vs_add_bf16.argtypes = [p, p, p, i64, i32]
     lib.vs_add_bf16.restype = None
+    global _loaded
+    _loaded = True
     return lib
 
 
@@ -205,18 +208,19 @@ def library() -> ctypes.CDLL | None:
 
 def has(isa: str) -> bool:
     """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
-    has the instructions. Never inside torch.compile's tracing: no kernel runs in a compiled graph, and
-    the loader's lock would break the graph at every call that asks."""
+    has the instructions. Inside torch.compile's tracing it answers from what an earlier load found,
+    without loading (the loader's lock would break the graph at every call that asks): no where
+    nothing has loaded the library yet."""
     if torch.compiler.is_compiling():
-        return False
+        return _loaded and _isas.get(isa) is None
     return library() is not None and _isas.get(isa) is None
 
 
 def runnable(*tensors, isa: str) -> bool:
-    """Whether the kernels of `isa` may run on these tensors now: `has(isa)`, and no torch.compile or
-    jit trace recording, and none of them a forward-mode dual or torch.func-wrapped tensor (the
-    kernels' autograd functions have no rules for those, and their data pointers are not the
-    values). None entries are skipped."""
+    """Whether the kernels of `isa` may run on these tensors now, called from Python (not as a custom
+    op torch.compile can keep): `has(isa)`, and no torch.compile or jit trace recording, and none of
+    them a forward-mode dual or torch.func-wrapped tensor (the kernels' autograd functions have no
+    rules for those, and their data pointers are not the values). None entries are skipped."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     if any(_transformed(t) for t in tensors if t is not None):
