@@ -1,4 +1,4 @@
-"""`vitscope train | eval | predict | explain | data | models`: one parser and one run function each.
+"""`vitscope train | eval | predict | explain | bench | data | models`: one parser and one run function each.
 
 Errors a user can fix (a wrong flag value, a missing file, a mismatched checkpoint) print one line
 and exit with code 2; `--debug` shows the traceback instead.
@@ -385,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vitscope.inspect.cli import add_explain_parser
 
     add_explain_parser(sub)
+    from vitscope.bench import add_bench_parser
+
+    add_bench_parser(sub)
     add_data_parser(sub)
     add_models_parser(sub)
     return parser
