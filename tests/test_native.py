@@ -156,14 +156,14 @@ def test_torch_compile_traces_a_vit_in_one_graph(bf16):
 
 @pytest.mark.skipif(not native.has("avx512"), reason=f"kernels unavailable: {native.why_not('avx512')}")
 @pytest.mark.parametrize("bf16", [False, True])
-def test_torch_compile_keeps_the_attention_kernel_and_its_gradients(bf16):
-    """Under torch.compile the qkv attention runs as vitscope's custom op, inside the graph, and a
-    compiled training step's gradients are the eager step's (AOTAutograd with eager kernels: the fake
-    shapes, the saved tensors and the backward op are all traced)."""
+def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
+    """Under torch.compile the qkv attention (and in bfloat16 the training MLP) run as vitscope's custom
+    ops, inside the graph, and a compiled training step's gradients are the eager step's (AOTAutograd
+    with eager kernels: the fake shapes, the saved tensors and the backward ops are all traced)."""
     import torch._dynamo as dynamo
     import torch.nn.functional as F
 
-    from vitscope import short_attention
+    from vitscope import fused_linear, short_attention
     from vitscope.models import create_model
 
     if bf16 and short_attention.kernel_for(torch.bfloat16) is None:
@@ -186,6 +186,7 @@ def test_torch_compile_keeps_the_attention_kernel_and_its_gradients(bf16):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         torch.compile(model, backend=seen)(x)
     assert ops.count("vitscope.qkv_attention.default") == 2  # one per block
+    assert ops.count("vitscope.mlp_bf16.default") == (2 if bf16 and fused_linear.available() else 0)
     dynamo.reset()
     eager, compiled = grads(model), grads(torch.compile(model, backend="aot_eager"))
     dynamo.reset()

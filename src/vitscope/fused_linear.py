@@ -61,19 +61,24 @@ def _transformed(t: Tensor | None) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
-def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
-    """Whether `linear(x, weight, bias)` may run the fused kernel and give what `F.linear` would, with or
-    without autograd recording it."""
+def bfloat16_inputs(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `x Wᵀ + b` runs in bfloat16 on the CPU here, through oneDNN: CPU tensors, oneDNN switched
+    on, and bfloat16 autocast (or bfloat16 tensors without it). Safe to ask while torch.compile traces."""
     if x.device.type != "cpu" or weight.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
-        return False
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # traced graphs keep the portable ops
         return False
     if not torch.backends.mkldnn.enabled:  # the user switched oneDNN off (torch.backends.mkldnn.flags)
         return False
     if torch.is_autocast_enabled("cpu"):
-        if torch.get_autocast_dtype("cpu") != torch.bfloat16 or not x.is_floating_point():
-            return False
-    elif not (x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)):
+        return torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.is_floating_point()
+    return x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+
+
+def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `linear(x, weight, bias)` may run the fused kernel and give what `F.linear` would, with or
+    without autograd recording it."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # traced graphs keep the portable ops
+        return False
+    if not bfloat16_inputs(x, weight, bias):
         return False
     if needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)):
         return False
