@@ -35,13 +35,13 @@ def test_json_has_every_measurement(capsys):
 
 def test_pytorch_ops_switches_every_part_off_and_back():
     owners = (short_attention, fused_mlp, fused_layer_norm, fused_residual, fused_linear)
-    before = [o.__dict__[n] for o, n, _ in bench.SWITCHES]
-    assert [o for o, _, _ in bench.SWITCHES] == list(owners)
+    before = [o.__dict__[n] for o, n in bench.SWITCHES]
+    assert [o for o, _ in bench.SWITCHES] == list(owners)
     q = torch.randn(1, 2, 5, 32)
     with bench.pytorch_ops():
         assert not short_attention.usable(q, q, q)
         assert not fused_linear.fusable(q, torch.randn(4, 32))
-    assert [o.__dict__[n] for o, n, _ in bench.SWITCHES] == before
+    assert [o.__dict__[n] for o, n in bench.SWITCHES] == before
 
 
 @pytest.mark.parametrize("args,message", [(["--model", "vit_nope"], "unknown model"),

@@ -26,20 +26,19 @@ import torch.nn.functional as F
 
 from vitscope import fused_layer_norm, fused_linear, fused_mlp, fused_residual, native, short_attention
 
-# Each switch that makes one part of vitscope's fast path answer no: (module, function, what it is).
-SWITCHES = ((short_attention, "usable", "attention (C kernels)"),
-            (fused_mlp, "fusable", "training MLP: GELU with its derivative (C), multiply in fc2's backward"),
-            (fused_layer_norm, "fusable", "LayerNorm to bfloat16 (C)"),
-            (fused_residual, "fusable", "residual add of a bfloat16 branch (C)"),
-            (fused_linear, "fusable", "linear with its bias (and GELU) inside oneDNN's matmul"))
+# The checks that make each part of vitscope's fast path answer no: attention (C), the training MLP
+# (C GELU pass, multiply in fc2's backward), LayerNorm to bfloat16 (C), the residual add (C), and the
+# linear with its bias inside oneDNN's matmul.
+SWITCHES = ((short_attention, "usable"), (fused_mlp, "fusable"), (fused_layer_norm, "fusable"),
+            (fused_residual, "fusable"), (fused_linear, "fusable"))
 
 
 @contextlib.contextmanager
 def pytorch_ops() -> Iterator[None]:
     """Everything inside runs PyTorch's own ops where vitscope would run its kernels."""
-    kept = [(owner, name, getattr(owner, name)) for owner, name, _ in SWITCHES]
+    kept = [(owner, name, getattr(owner, name)) for owner, name in SWITCHES]
     try:
-        for owner, name, _ in SWITCHES:
+        for owner, name in SWITCHES:
             setattr(owner, name, lambda *a, **k: False)
         yield
     finally:
