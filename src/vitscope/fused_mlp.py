@@ -78,6 +78,14 @@ def _backward(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor
     return [gx, gw1, gb1, gw2, gb2]
 
 
+def _save(ctx, x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None, h: Tensor,
+          d: Tensor) -> None:
+    """Keeps what the backward needs, for the autograd function and the custom op alike: h and d are
+    intermediates, kept instead of fc1's output."""
+    ctx.save_for_backward(x, w1, w2, h, d)
+    ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+
+
 def _needs(ctx) -> list[bool]:
     n = ctx.needs_input_grad
     return [n[0], n[1], n[2] and ctx.has_b1, n[3], n[4] and ctx.has_b2]
@@ -87,8 +95,7 @@ class _Mlp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> Tensor:
         y, h, d = _forward(x, w1, b1, w2, b2)
-        ctx.save_for_backward(x, w1, w2, h, d)  # h and d are intermediates: kept instead of fc1's output
-        ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+        _save(ctx, x, w1, b1, w2, b2, h, d)
         return y
 
     @staticmethod
@@ -126,10 +133,8 @@ def _(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor, needs:
 
 
 def _op_setup_context(ctx, inputs, output) -> None:
-    x, w1, b1, w2, b2 = inputs
     _, h, d = output
-    ctx.save_for_backward(x, w1, w2, h, d)
-    ctx.has_b1, ctx.has_b2 = b1 is not None, b2 is not None
+    _save(ctx, *inputs, h, d)
 
 
 def _op_backward(ctx, g: Tensor, _h_grad: Tensor, _d_grad: Tensor):

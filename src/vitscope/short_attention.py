@@ -23,8 +23,8 @@ forward, and its blockwise backward with float32 sums); head dims that are multi
 or 32 (bfloat16) up to 128, last dims contiguous, outside tracing, forward-mode AD and torch.func.
 Under torch.compile the models' path (`attend_qkv`, from the fused qkv projection) runs as the custom
 op `vitscope::qkv_attention`, which the compiled graph keeps; `attend` on separate q, k and v leaves
-compiled graphs to PyTorch's kernels. Everything else, and every machine where the kernels cannot be built or run
-(`why_not(dtype)` says why), keeps PyTorch's kernels. The backward is not itself differentiable
+compiled graphs to PyTorch's kernels. Everything else, and every machine where the kernels cannot be
+built or run (`why_not(dtype)` says why), keeps PyTorch's kernels. The backward is not itself differentiable
 (double backward raises). Tests hold outputs and gradients to float64 as close as PyTorch's own
 paths in the same dtype.
 """
@@ -225,18 +225,19 @@ def _qkv_backward(g: Tensor, qkv: Tensor, lse: Tensor, out: Tensor, heads: int, 
     return grad
 
 
-def _kept_output(qkv: Tensor, heads: int, queries: int, out: Tensor) -> Tensor:
-    """What the backward needs of the output: itself where it runs blockwise, else nothing."""
+def _save(ctx, qkv: Tensor, heads: int, scale: float, queries: int, out: Tensor, lse: Tensor) -> None:
+    """Keeps what the backward needs: qkv, lse, and the output where the backward runs blockwise (else
+    an empty tensor), for the autograd function and the custom op alike."""
     q, k, _ = _split(qkv, heads, queries if queries >= 0 else None)
-    return out if _blockwise(q, k) else out.new_empty(0)
+    ctx.save_for_backward(qkv, lse, out if _blockwise(q, k) else out.new_empty(0))
+    ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
 
 
 class _QKVAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: Tensor, heads: int, scale: float, queries: int) -> Tensor:
         out, lse = _qkv_forward(qkv, heads, scale, queries, True)
-        ctx.save_for_backward(qkv, lse, _kept_output(qkv, heads, queries, out))
-        ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
+        _save(ctx, qkv, heads, scale, queries, out, lse)
         return out
 
     @staticmethod
@@ -271,9 +272,7 @@ def _(g: Tensor, qkv: Tensor, lse: Tensor, out: Tensor, heads: int, scale: float
 
 def _op_setup_context(ctx, inputs, output) -> None:
     qkv, heads, scale, queries, _ = inputs
-    out, lse = output
-    ctx.save_for_backward(qkv, lse, _kept_output(qkv, heads, queries, out))
-    ctx.heads, ctx.scale, ctx.queries = heads, scale, queries
+    _save(ctx, qkv, heads, scale, queries, *output)
 
 
 def _op_backward(ctx, g: Tensor, _lse_grad: Tensor):

@@ -209,7 +209,7 @@ def library() -> ctypes.CDLL | None:
 def has(isa: str) -> bool:
     """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
     has the instructions. Inside torch.compile's tracing it answers from what an earlier load found,
-    without loading (the loader's lock would break the graph at every call that asks): no where
+    without loading (the loader's lock would break the graph at every call that asks): False where
     nothing has loaded the library yet."""
     if torch.compiler.is_compiling():
         return _loaded and _isas.get(isa) is None

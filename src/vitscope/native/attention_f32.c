@@ -114,7 +114,8 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
                 _mm512_storeu_ps(sr + jv * 16, x);
                 m = _mm512_max_ps(m, x);
             }
-            const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+            w->mx[r] = _mm512_reduce_max_ps(m);
+            const __m512 mx = _mm512_set1_ps(w->mx[r]);
             __m512 sum = _mm512_setzero_ps();
             for (int jv = 0; jv < njv; jv++) {
                 const __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + jv * 16), mx)));
@@ -124,7 +125,6 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
             const float total = _mm512_reduce_add_ps(sum);
             const __m512 inv = _mm512_set1_ps(1.0f / total);
             for (int jv = 0; jv < njv; jv++) _mm512_storeu_ps(sr + jv * 16, _mm512_mul_ps(_mm512_loadu_ps(sr + jv * 16), inv));
-            w->mx[r] = _mm512_reduce_max_ps(m);
             w->sum[r] = total;
         }
         if (lse)  /* the block's log-sum-exps at once, off the rows' chain of reductions */
