@@ -3,53 +3,60 @@
    h = a Phi(a) and d = Phi(a) + a phi(a), where Phi and phi are the standard normal's distribution and
    density. The backward then needs only d: the gradient of a is the gradient of h times d, which
    oneDNN's matmul applies in its epilogue (vitscope/fused_mlp.py), so neither a second pass over the
-   hidden activation nor the pre-activation itself is kept. erf comes from Abramowitz and Stegun's
-   7.1.26 (absolute error below 1.5e-7), whose exp(-a^2 / 2) is also phi's, so one exp serves both. */
-#include <immintrin.h>
+   hidden activation nor the pre-activation itself is kept.
+
+   A bfloat16 input takes one of 65536 values, so both results are computed once for each, in double
+   precision, rounded to bfloat16 as PyTorch rounds a float64 tensor (to float32, then to nearest even),
+   and kept in a 256 KiB table of (h, d) pairs that each element then looks up. So the results are the
+   float64 values rounded, where a float32 evaluation (PyTorch's bfloat16 GELU) is an ulp off for about
+   one element in a thousand, and the lookup is faster than computing erf and exp in AVX-512: on Zen 4,
+   1.13 against 1.69 ms for 12800 x 512 on 2 cores. NaN and both infinities give NaN, as PyTorch's GELU
+   and its gradient do. The table is built when the library loads (about 1 ms). */
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
+#include <xmmintrin.h>
 
-#include "simd.h"
+static uint32_t table[65536]; /* bfloat16 bits of a -> h's bits | d's bits << 16 */
 
-static inline void gelu16(const uint16_t *a, uint16_t *h, uint16_t *d, __mmask16 m)
+static uint16_t to_bf16(double v)
 {
-    const __m512 x = _mm512_cvtpbh_ps((__m256bh)_mm256_maskz_loadu_epi16(m, a));
-    const __m512 ax = _mm512_abs_ps(x);
-    /* t = 1 / (1 + p |x| / sqrt 2): a reciprocal estimate and one Newton step */
-    const __m512 y = _mm512_fmadd_ps(ax, _mm512_set1_ps(0.3275911f * 0.70710678118654752f), _mm512_set1_ps(1.0f));
-    __m512 t = _mm512_rcp14_ps(y);
-    t = _mm512_mul_ps(t, _mm512_fnmadd_ps(y, t, _mm512_set1_ps(2.0f)));
-    __m512 poly = _mm512_set1_ps(1.061405429f);
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-1.453152027f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(1.421413741f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-0.284496736f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(0.254829592f));
-    poly = _mm512_mul_ps(poly, t);
-    /* e = exp(-x^2 / 2) */
-    const __m512 e = exp2_ps(_mm512_mul_ps(_mm512_mul_ps(x, x), _mm512_set1_ps(-0.72134752044448170f)));
-    /* Phi = 1 - q for x >= 0, q for x < 0, with q = (1 - erf(|x| / sqrt 2)) / 2 = poly e / 2 */
-    const __m512 q = _mm512_mul_ps(_mm512_mul_ps(poly, e), _mm512_set1_ps(0.5f));
-    const __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 phi_cdf = _mm512_mask_mov_ps(_mm512_sub_ps(_mm512_set1_ps(1.0f), q), neg, q);
-    const __m512 hv = _mm512_mul_ps(x, phi_cdf);
-    const __m512 dv = _mm512_fmadd_ps(_mm512_mul_ps(x, e), _mm512_set1_ps(0.39894228040143268f), phi_cdf);
-    _mm256_mask_storeu_epi16(h, m, (__m256i)_mm512_cvtneps_pbh(hv));
-    _mm256_mask_storeu_epi16(d, m, (__m256i)_mm512_cvtneps_pbh(dv));
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                           /* to nearest, ties to even */
+    return (uint16_t)(u >> 16);
 }
 
-/* h = gelu(a), d = gelu'(a) for n bfloat16 values, on `threads` OpenMP threads. */
+__attribute__((constructor)) static void build_table(void)
+{
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(0x1f80); /* the default: subnormals kept, whatever torch.set_flush_denormal asked of this thread */
+    for (uint32_t i = 0; i < 65536; i++) {
+        const uint32_t bits = i << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        const double a = f;
+        double h = NAN, d = NAN;
+        if (isfinite(a)) {
+            const double cdf = 0.5 * erfc(-a * 0.70710678118654752440), pdf = exp(-0.5 * a * a) * 0.39894228040143267794;
+            h = a * cdf; /* erfc keeps the far negative tail, where 1 + erf(a / sqrt 2) cancels to 0 */
+            d = cdf + a * pdf;
+        }
+        table[i] = (uint32_t)to_bf16(h) | (uint32_t)to_bf16(d) << 16;
+    }
+    _mm_setcsr(csr);
+}
+
+/* h = gelu(a), d = gelu'(a) for n bfloat16 values, on `threads` OpenMP threads. (A plain loop: gathers
+   of 16 entries, or four lookups packed into 8-byte stores, measured slower on Zen 4.) */
 void vs_gelu_fwd(const uint16_t *a, uint16_t *h, uint16_t *d, int64_t n, int threads)
 {
-    const int64_t chunk = 4096, chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel num_threads(threads)
-    {
-        const unsigned csr = subnormals_off();
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < chunks; c++) {
-            const int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-            int64_t i = c * chunk;
-            for (; i + 16 <= end; i += 16) gelu16(a + i, h + i, d + i, (__mmask16)0xffff);
-            if (i < end) gelu16(a + i, h + i, d + i, (__mmask16)((1u << (end - i)) - 1u));
-        }
-        subnormals_restore(csr);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t v = table[a[i]];
+        h[i] = (uint16_t)v;
+        d[i] = (uint16_t)(v >> 16);
     }
 }
