@@ -3,6 +3,7 @@
     python benchmarks/ab_fused_linear.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_fused_linear.py --model vit_small_patch16_224 --batch 64 --steps 3
     python benchmarks/ab_fused_linear.py --training --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_fused_linear.py --gelu --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
 
 vitscope's linear layers and patch embedding (vitscope/fused_linear.py) run oneDNN's linear with the
 bias applied to the float32 accumulator wherever the compute dtype is bfloat16; where nothing needs
@@ -11,6 +12,9 @@ inference forwards (`torch.inference_mode`, bfloat16 autocast, a fixed random ba
 `--training` its training steps (benchmarks/_ab.py), with the fused kernel and with it switched off
 (`nn.Linear`'s `addmm`, a separate GELU, the patch conv), in alternating rounds in one process, and
 prints each round's images/s and the median of the per-round ratios, fused first.
+
+`--gelu` instead compares inference's two ways to fuse fc1's GELU: the matmul, then vitscope's table
+pass (what runs where vitscope's C kernels do), against oneDNN's erf GELU in the matmul's epilogue.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ab.add_model_sets(ap)
     ap.add_argument("--training", action="store_true", help="time training steps instead of inference forwards")
+    ap.add_argument("--gelu", action="store_true",
+                    help="inference's GELU: vitscope's table pass after the matmul against oneDNN's epilogue")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     if not fused_linear.available():
@@ -55,14 +61,18 @@ def main(argv: list[str] | None = None) -> None:
         step = ab.training_step(model, args.batch)
     else:
         step = inference_step(model.eval(), args.batch)
-    steps = {"fused": step, "nn.Linear": ab.with_attribute(step, fused_linear, "available", lambda: False)}
+    if args.gelu:
+        epilogue = lambda x, w, b: fused_linear._KERNEL(x, w, b, "gelu", [], "none")  # noqa: E731
+        steps = {"GELU table": step, "GELU epilogue": ab.with_attribute(step, fused_linear, "_linear_gelu", epilogue)}
+    else:
+        steps = {"fused": step, "nn.Linear": ab.with_attribute(step, fused_linear, "available", lambda: False)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
     what = ("training step", "steps") if args.training else ("inference forward", "forwards")
     print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what[0]}, {args.rounds} "
           f"alternating rounds of {args.steps} {what[1]}\n")
-    print(ab.ratio_table(rates, "fused", "nn.Linear", f"linear layers in bf16 {what[0].split()[0]}"))
+    print(ab.ratio_table(rates, *steps, f"linear layers in bf16 {what[0].split()[0]}"))
 
 
 if __name__ == "__main__":

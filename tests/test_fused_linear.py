@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_linear
+from vitscope import fused_linear, native
 from vitscope.fused_linear import Linear
 from vitscope.vit import Mlp, VisionTransformer, ViTConfig
 
@@ -24,11 +24,18 @@ def calls(monkeypatch):
     seen = []
     kernel = fused_linear._KERNEL
 
+    table = fused_linear._gelu_table
+
     def counting(*args):
         seen.append(args[3])  # the post-op: "none" or "gelu"
         return kernel(*args)
 
+    def table_pass(y):  # GELU looked up right after the matmul (vitscope's kernels): the call's post-op too
+        seen[-1] = "gelu"
+        return table(y)
+
     monkeypatch.setattr(fused_linear, "_KERNEL", counting)
+    monkeypatch.setattr(fused_linear, "_gelu_table", table_pass)
     return seen
 
 
@@ -46,9 +53,14 @@ def _err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("gelu", [False, "table", "epilogue"])
 @pytest.mark.parametrize("shape", [(37, 48), (3, 50, 48), "transposed"])
-def test_fused_linear_is_as_close_to_float64_as_autocast_linear(shape, gelu, bias, calls):
+def test_fused_linear_is_as_close_to_float64_as_autocast_linear(shape, gelu, bias, calls, monkeypatch):
+    """GELU by vitscope's table after the matmul where its kernels run, else in oneDNN's epilogue."""
+    if gelu == "epilogue":
+        monkeypatch.setattr(native, "runnable", lambda *t, isa: False)
+    elif gelu == "table" and not native.has("avx512_bf16"):
+        pytest.skip(f"vitscope's GELU table needs its kernels: {native.why_not('avx512_bf16')}")
     layer = _layer(bias=bias)
     g = torch.Generator().manual_seed(1)
     if shape == "transposed":  # (3, 50, 48) with the last two dims swapped in memory, as after a rearrange

@@ -103,10 +103,10 @@ class PatchEmbed(nn.Module):
 
 
 class Mlp(nn.Module):
-    """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias and the GELU run inside its matmul
-    (vitscope/fused_linear.py); in bfloat16 training the MLP keeps GELU's derivative instead of its
-    input (vitscope/fused_mlp.py). Either only where nothing could observe fc1's, the GELU's or
-    fc2's calls."""
+    """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias runs inside its matmul and the GELU in
+    it or in a table pass right after (vitscope/fused_linear.py); in bfloat16 training the MLP keeps
+    GELU's derivative instead of its input (vitscope/fused_mlp.py). Either only where nothing could
+    observe fc1's, the GELU's or fc2's calls."""
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
