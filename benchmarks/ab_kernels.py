@@ -3,6 +3,8 @@
     python benchmarks/ab_kernels.py --part mlp --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part layernorm --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part all --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_kernels.py --part gelu --model vit_fmnist_quick --batch 128
+    python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
@@ -15,11 +17,14 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
 - `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32
   stream in one pass (off: `x + y`, which first copies y to float32);
-- `all`: the four together.
+- `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
+  backward (off: nn.GELU's ops; models without a stem have none);
+- `all`: the five together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
-backward, the optimizer) with and without, in alternating rounds in one process, and prints each
-round's images/s and the median of the per-round ratios, kernels first.
+backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
+does not run), with and without, in alternating rounds in one process, and prints each round's
+images/s and the median of the per-round ratios, kernels first.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import fused_layer_norm, fused_mlp, fused_residual, native, short_attention  # noqa: E402
+from ab_fused_linear import inference_step  # noqa: E402
+from vitscope import allocator, fused_gelu, fused_layer_norm, fused_mlp, fused_residual, native, short_attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
-            "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable")}
+            "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
+            "gelu": (fused_gelu, "fusable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:
@@ -51,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ab.add_model_sets(ap)
     ap.add_argument("--part", choices=[*SWITCHES, "all"], default="all", help="which kernels to switch off in B")
+    ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     if native.library() is None:
@@ -58,14 +66,19 @@ def main(argv: list[str] | None = None) -> None:
     parts = list(SWITCHES) if args.part == "all" else [args.part]
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
-    step = ab.training_step(model, args.batch)
+    if args.inference:
+        allocator.keep_freed_memory()  # as `vitscope eval` does (training_step does it too)
+        step = inference_step(model.eval(), args.batch)
+    else:
+        step = ab.training_step(model, args.batch)
     steps = {"kernels": step, "without": without(step, parts)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
-    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast training step, {args.rounds} "
-          f"alternating rounds of {args.steps} steps; B without: {', '.join(parts)}\n")
-    print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in bf16 training"))
+    what = "inference forward" if args.inference else "training step"
+    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what}, {args.rounds} "
+          f"alternating rounds of {args.steps}; B without: {', '.join(parts)}\n")
+    print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in bf16 {what.split()[0]}"))
 
 
 if __name__ == "__main__":

@@ -162,10 +162,10 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def _gelu_table(y: Tensor) -> None:
-    """y = gelu(y) in place, y contiguous bfloat16, by vitscope's table (native/gelu.c)."""
-    from . import native
+    """y = gelu(y) in place, y contiguous bfloat16, by vitscope's table (fused_gelu.py)."""
+    from . import fused_gelu
 
-    native.library().vs_gelu_inplace(y.data_ptr(), y.numel(), torch.get_num_threads())
+    fused_gelu.gelu_(y)
 
 
 class Linear(nn.Linear):

@@ -2,8 +2,8 @@
 
 In training, autograd's MLP keeps fc1's output `a` for GELU's backward, which reads `a` and the
 incoming gradient and computes erf and exp again, one more pass over the (B·N, hidden) activation
-each way. Here the forward runs fc1 in oneDNN's linear (bias in the matmul), then vitscope's C kernel
-(native/gelu.c), which writes h = gelu(a) and d = gelu'(a) in one pass, then fc2. The backward gets
+each way. Here the forward runs fc1 in oneDNN's linear (bias in the matmul), then vitscope's GELU
+table (fused_gelu.py), which writes h = gelu(a) and d = gelu'(a) in one pass, then fc2. The backward gets
 a's gradient as (g W2) ∘ d straight out of oneDNN's matmul with a multiply in its epilogue
 (`_linear_pointwise.binary`), then the weight, bias and input gradients as addmm's backward computes
 them. So the step keeps h and d and not a, and skips the separate GELU backward: on a Xeon with AMX
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import fused_linear, native
+from . import fused_gelu, fused_linear, native
 
 _KERNEL = fused_linear._KERNEL
 
@@ -38,18 +38,11 @@ def fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | N
     return hasattr(_KERNEL, "binary") and native.runnable(x, w1, b1, w2, b2, isa="avx512_bf16")
 
 
-def _gelu_and_derivative(a: Tensor) -> tuple[Tensor, Tensor]:
-    a = a.contiguous()
-    h, d = torch.empty_like(a), torch.empty_like(a)
-    native.library().vs_gelu_fwd(a.data_ptr(), h.data_ptr(), d.data_ptr(), a.numel(), torch.get_num_threads())
-    return h, d
-
-
 def _forward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """(y (..., out), h (M, hidden), d (M, hidden)): the output, and GELU's output and derivative, kept
     for the backward instead of fc1's output."""
     x2 = x.reshape(-1, x.shape[-1])  # (M, in)
-    h, d = _gelu_and_derivative(_KERNEL(x2, w1, b1, "none", [], ""))  # (M, hidden) each
+    h, d = fused_gelu.gelu_and_derivative(_KERNEL(x2, w1, b1, "none", [], ""))  # (M, hidden) each
     y = _KERNEL(h, w2, b2, "none", [], "")  # (M, out)
     return y.view(*x.shape[:-1], y.shape[-1]), h, d
 

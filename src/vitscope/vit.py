@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from vitscope import fused_layer_norm, fused_linear, fused_mlp, fused_residual
+from vitscope import fused_gelu, fused_layer_norm, fused_linear, fused_mlp, fused_residual
 from vitscope.attention import MultiHeadAttention
 from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -34,7 +34,7 @@ def _pair(x) -> tuple[int, int]:
     return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
 
 
-STEM_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU}
+STEM_ACTS = {"gelu": fused_gelu.GELU, "relu": nn.ReLU}  # fused_gelu.GELU: nn.GELU, from a table in bfloat16
 
 
 class ConvStem(nn.Sequential):

@@ -189,8 +189,8 @@ def _load() -> ctypes.CDLL | None:
         attention.restype = i32
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]
     lib.vs_gelu_fwd.restype = None
-    lib.vs_gelu_inplace.argtypes = [p, i64, i32]
-    lib.vs_gelu_inplace.restype = None
+    lib.vs_gelu.argtypes = [p, p, i64, i32]
+    lib.vs_gelu.restype = None
     lib.vs_layer_norm_fwd.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
     lib.vs_layer_norm_fwd.restype = None
     lib.vs_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, i64, i64, i32]

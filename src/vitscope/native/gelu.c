@@ -61,10 +61,10 @@ void vs_gelu_fwd(const uint16_t *a, uint16_t *h, uint16_t *d, int64_t n, int thr
     }
 }
 
-/* a = gelu(a) in place for n bfloat16 values, on `threads` OpenMP threads: inference's GELU after fc1.
-   (The uint32 table read here measured faster than a uint16 table of h alone.) */
-void vs_gelu_inplace(uint16_t *a, int64_t n, int threads)
+/* h = gelu(a) for n bfloat16 values (h may be a), on `threads` OpenMP threads: GELU where no gradient
+   is wanted. (The uint32 table read here measured faster than a uint16 table of h alone.) */
+void vs_gelu(const uint16_t *a, uint16_t *h, int64_t n, int threads)
 {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; i++) a[i] = (uint16_t)table[a[i]];
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)table[a[i]];
 }
