@@ -5,6 +5,7 @@
     python benchmarks/ab_kernels.py --part all --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
+    python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
@@ -18,8 +19,11 @@ Parts (each switched off by making its `fusable`/`usable` say no):
 - `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32
   stream in one pass (off: `x + y`, which first copies y to float32);
 - `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
-  backward (off: nn.GELU's ops; models without a stem have none);
-- `all`: the five together.
+  backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
+  cannot run);
+- `bn-gelu`: vitscope/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way (off:
+  the two modules);
+- `all`: the six together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
@@ -39,12 +43,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
-from vitscope import allocator, fused_gelu, fused_layer_norm, fused_mlp, fused_residual, native, short_attention  # noqa: E402
+from vitscope import (  # noqa: E402
+    allocator,
+    fused_bn_gelu,
+    fused_gelu,
+    fused_layer_norm,
+    fused_mlp,
+    fused_residual,
+    native,
+    short_attention,
+)
 from vitscope.models import create_model  # noqa: E402
 
 SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
             "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
-            "gelu": (fused_gelu, "fusable")}
+            "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscope import fused_gelu, native
+from vitscope import fused_bn_gelu, fused_gelu, native
 from vitscope.models import create_model
 
 BF = torch.bfloat16
@@ -105,6 +105,8 @@ def test_module_is_nn_gelu_where_the_table_does_not_apply(case):
 
 @needs_kernel
 def test_the_conv_stem_takes_its_gelus_from_the_table_in_bfloat16_training(monkeypatch):
+    """Where its BatchNorm and GELU cannot run as one kernel (fused_bn_gelu.py), the GELU module alone."""
+    monkeypatch.setattr(fused_bn_gelu, "fusable", lambda *a: False)
     calls = []
     table = fused_gelu.gelu
     monkeypatch.setattr(fused_gelu, "gelu", lambda a: calls.append(a.shape) or table(a))

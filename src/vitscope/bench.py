@@ -24,13 +24,23 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitscope import fused_gelu, fused_layer_norm, fused_linear, fused_mlp, fused_residual, native, short_attention
+from vitscope import (
+    fused_bn_gelu,
+    fused_gelu,
+    fused_layer_norm,
+    fused_linear,
+    fused_mlp,
+    fused_residual,
+    native,
+    short_attention,
+)
 
 # The checks that make each part of vitscope's fast path answer no: attention (C), the training MLP
 # (C GELU pass, multiply in fc2's backward), LayerNorm to bfloat16 (C), the residual add (C), the conv
-# stem's GELU (C table), and the linear with its bias inside oneDNN's matmul.
+# stem's GELU (C table) and its BatchNorm with GELU (C), and the linear with its bias inside oneDNN's matmul.
 SWITCHES = ((short_attention, "usable"), (fused_mlp, "fusable"), (fused_layer_norm, "fusable"),
-            (fused_residual, "fusable"), (fused_gelu, "fusable"), (fused_linear, "fusable"))
+            (fused_residual, "fusable"), (fused_gelu, "fusable"), (fused_bn_gelu, "fusable"),
+            (fused_linear, "fusable"))
 
 
 @contextlib.contextmanager
@@ -68,7 +78,8 @@ def kernel_states() -> list[tuple[str, str]]:
         name = f"attention, {str(dtype).removeprefix('torch.')}"
         rows.append((name, f"on ({kernel.isa} build)" if kernel else f"off: {short_attention.why_not(dtype)}"))
     why = native.why_not("avx512_bf16")
-    for part in ("bfloat16 training MLP", "LayerNorm to bfloat16", "residual add", "GELU table, bfloat16"):
+    for part in ("bfloat16 training MLP", "LayerNorm to bfloat16", "residual add", "GELU table, bfloat16",
+                 "BatchNorm + GELU (conv stem)"):
         rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
     linear = fused_linear.available()
     rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))

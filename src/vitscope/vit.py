@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from vitscope import fused_gelu, fused_layer_norm, fused_linear, fused_mlp, fused_residual
+from vitscope import fused_bn_gelu, fused_gelu, fused_layer_norm, fused_linear, fused_mlp, fused_residual
 from vitscope.attention import MultiHeadAttention
 from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -48,6 +48,18 @@ class ConvStem(nn.Sequential):
         super().__init__(*modules)
         self.out_chans = c
         self.stride = math.prod(s for _, s in layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The modules in order; each BatchNorm with the GELU after it in one kernel where
+        vitscope/fused_bn_gelu.py allows and no hook could see between them."""
+        mods, i = list(self), 0
+        while i < len(mods):
+            if (i + 1 < len(mods) and fused_bn_gelu.fusable(x, mods[i], mods[i + 1])
+                    and not (_has_hooks(mods[i]) or _has_hooks(mods[i + 1]) or _has_global_hooks())):
+                x, i = fused_bn_gelu.bn_gelu(x, mods[i]), i + 2
+            else:
+                x, i = mods[i](x), i + 1
+        return x
 
 
 class PatchEmbed(nn.Module):

@@ -49,8 +49,9 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
             (*_BASE_FEATURES, "avx512_bf16", "amx_tile", "amx_bf16")),
 }
 # Which instruction set each source is compiled for (another source: the base set).
-SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "gelu.c": "avx512_bf16",
-           "layer_norm.c": "avx512_bf16", "residual.c": "avx512_bf16", "short_attention.c": "amx"}
+SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "batch_norm.c": "avx512_bf16",
+           "gelu.c": "avx512_bf16", "layer_norm.c": "avx512_bf16", "residual.c": "avx512_bf16",
+           "short_attention.c": "amx"}
 FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
@@ -191,6 +192,12 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_gelu_fwd.restype = None
     lib.vs_gelu.argtypes = [p, p, i64, i32]
     lib.vs_gelu.restype = None
+    lib.vs_bn_stats.argtypes = [p, i64, i64, p, p, p, i32]
+    lib.vs_bn_stats.restype = None
+    lib.vs_bn_gelu_fwd.argtypes = [p, i64, i64, p, p, p, p, i32]
+    lib.vs_bn_gelu_fwd.restype = None
+    lib.vs_bn_gelu_bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
+    lib.vs_bn_gelu_bwd.restype = None
     lib.vs_layer_norm_fwd.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
     lib.vs_layer_norm_fwd.restype = None
     lib.vs_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, i64, i64, i32]

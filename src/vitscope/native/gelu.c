@@ -17,7 +17,7 @@
 #include <string.h>
 #include <xmmintrin.h>
 
-static uint32_t table[65536]; /* bfloat16 bits of a -> h's bits | d's bits << 16 */
+uint32_t vs_gelu_table[65536]; /* bfloat16 bits of a -> h's bits | d's bits << 16 (batch_norm.c reads it too) */
 
 static uint16_t to_bf16(double v)
 {
@@ -44,7 +44,7 @@ __attribute__((constructor)) static void build_table(void)
             h = a * cdf; /* erfc keeps the far negative tail, where 1 + erf(a / sqrt 2) cancels to 0 */
             d = cdf + a * pdf;
         }
-        table[i] = (uint32_t)to_bf16(h) | (uint32_t)to_bf16(d) << 16;
+        vs_gelu_table[i] = (uint32_t)to_bf16(h) | (uint32_t)to_bf16(d) << 16;
     }
     _mm_setcsr(csr);
 }
@@ -55,7 +55,7 @@ void vs_gelu_fwd(const uint16_t *a, uint16_t *h, uint16_t *d, int64_t n, int thr
 {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        const uint32_t v = table[a[i]];
+        const uint32_t v = vs_gelu_table[a[i]];
         h[i] = (uint16_t)v;
         d[i] = (uint16_t)(v >> 16);
     }
@@ -66,5 +66,5 @@ void vs_gelu_fwd(const uint16_t *a, uint16_t *h, uint16_t *d, int64_t n, int thr
 void vs_gelu(const uint16_t *a, uint16_t *h, int64_t n, int threads)
 {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)table[a[i]];
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)vs_gelu_table[a[i]];
 }

@@ -1,0 +1,115 @@
+"""BatchNorm then GELU, the conv stem's pair, in one C kernel each way for bfloat16 channels-last activations on CPU.
+
+Under bfloat16 autocast the stem's convs write bfloat16 channels-last activations; BatchNorm reads
+them twice (statistics, then normalising) and writes its output, GELU reads that and writes its own,
+and the backward runs the same passes again in reverse. Here (native/batch_norm.c) the statistics take
+two passes over the input and one more pass normalises, rounds to bfloat16 as BatchNorm's output would
+be, and looks GELU and its derivative up in vitscope's table (fused_gelu.py); the backward takes the
+BatchNorm gradient's two sums and then the input gradient, with GELU's multiply inside both. So the
+step keeps the conv's output and GELU's derivative, as the two modules keep the conv's output and
+BatchNorm's, and no BatchNorm output or GELU input gradient is written at all. On a Zen 4 EPYC (2
+threads, `vit_fmnist_quick`, batch 128) BatchNorm took 8.3 ms of the stem's 59 ms forward and
+backward; see benchmarks/RESULTS.md for what the fused pair measured.
+
+Training mode uses the batch's statistics and updates the running ones as nn.BatchNorm2d does (the
+momentum, or the cumulative average where it is None, the unbiased variance, num_batches_tracked);
+eval mode uses the running statistics, only where no gradient is wanted. It runs where `fusable` says:
+an affine nn.BatchNorm2d with float32 parameters followed by an exact nn.GELU, a CPU bfloat16
+channels-last input with channels a multiple of 16, vitscope's kernels loaded, outside torch.compile,
+tracing, forward-mode AD and torch.func. Double backward is not supported (it raises).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import fused_gelu, native
+
+MAX_CHANNELS = 1024  # the kernels' stack buffers
+
+
+def fusable(x: Tensor, bn: nn.Module, act: nn.Module) -> bool:
+    """Whether `bn_gelu(x, bn)` may stand in for `act(bn(x))`."""
+    if type(bn) is not nn.BatchNorm2d or not bn.affine or bn.weight.dtype != torch.float32:
+        return False
+    if type(act) not in (nn.GELU, fused_gelu.GELU) or act.approximate != "none":
+        return False
+    if x.device.type != "cpu" or x.dtype != torch.bfloat16 or x.dim() != 4 or x.shape[1] != bn.num_features:
+        return False
+    c = x.shape[1]
+    if c % 16 or c > MAX_CHANNELS or not x.is_contiguous(memory_format=torch.channels_last):
+        return False
+    batch_stats = bn.training or bn.running_mean is None
+    if batch_stats and x.numel() // c < 2:
+        return False  # nn.BatchNorm2d raises its own error for one value per channel
+    if not batch_stats and _wants_grad(x, bn):
+        return False  # eval mode with gradients (a frozen BatchNorm being fine-tuned through): the modules
+    return native.runnable(x, bn.weight, bn.bias, isa="avx512_bf16")
+
+
+def _wants_grad(x: Tensor, bn: nn.Module) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or bn.weight.requires_grad or bn.bias.requires_grad)
+
+
+def _batch_stats(x: Tensor, bn: nn.BatchNorm2d, rows: int) -> tuple[Tensor, Tensor]:
+    """The batch's mean and biased variance (C,), and the running statistics updated as nn.BatchNorm2d
+    updates them in training mode."""
+    c, threads = x.shape[1], torch.get_num_threads()
+    mean, var = torch.empty(c), torch.empty(c)
+    work = torch.empty(threads, c, dtype=torch.float64)
+    native.library().vs_bn_stats(x.data_ptr(), rows, c, work.data_ptr(), mean.data_ptr(), var.data_ptr(), threads)
+    if bn.training and bn.track_running_stats and bn.running_mean is not None:
+        with torch.no_grad():
+            factor = 0.0 if bn.momentum is None else bn.momentum
+            if bn.num_batches_tracked is not None:
+                bn.num_batches_tracked.add_(1)
+                factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+            bn.running_mean.mul_(1 - factor).add_(mean, alpha=factor)
+            bn.running_var.mul_(1 - factor).add_(var * (rows / (rows - 1)), alpha=factor)
+    return mean, var
+
+
+class _BnGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor) -> Tensor:
+        rows, c = x.numel() // x.shape[1], x.shape[1]
+        scale = weight.detach() * rstd
+        shift = bias.detach() - mean * scale
+        h, d = torch.empty_like(x), torch.empty_like(x)  # channels-last, as x
+        native.library().vs_bn_gelu_fwd(x.data_ptr(), rows, c, scale.data_ptr(), shift.data_ptr(), h.data_ptr(),
+                                         d.data_ptr(), torch.get_num_threads())
+        ctx.save_for_backward(x, d, weight, mean, rstd)
+        return h
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        x, d, weight, mean, rstd = ctx.saved_tensors
+        g = g.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+        rows, c, threads = x.numel() // x.shape[1], x.shape[1], torch.get_num_threads()
+        dx = torch.empty_like(x)
+        dweight, dbias = torch.empty(c), torch.empty(c)
+        work = torch.empty(threads, 2, c, dtype=torch.float64)
+        native.library().vs_bn_gelu_bwd(g.data_ptr(), d.data_ptr(), x.data_ptr(), rows, c, mean.data_ptr(),
+                                         rstd.data_ptr(), weight.detach().contiguous().data_ptr(), work.data_ptr(),
+                                         dweight.data_ptr(), dbias.data_ptr(), dx.data_ptr(), threads)
+        return dx, dweight, dbias, None, None
+
+
+def bn_gelu(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    """gelu(bn(x)), x (B, C, H, W) bfloat16 channels-last -> the same. Call it only where `fusable` says."""
+    rows = x.numel() // x.shape[1]
+    if bn.training or bn.running_mean is None:
+        mean, var = _batch_stats(x, bn, rows)
+    else:
+        mean, var = bn.running_mean.float(), bn.running_var.float()
+    rstd = (var + bn.eps).rsqrt()
+    if _wants_grad(x, bn):
+        return _BnGelu.apply(x, bn.weight, bn.bias, mean, rstd)
+    scale = bn.weight.detach() * rstd
+    shift = bn.bias.detach() - mean * scale
+    h = torch.empty_like(x)
+    native.library().vs_bn_gelu_fwd(x.data_ptr(), rows, x.shape[1], scale.data_ptr(), shift.data_ptr(), h.data_ptr(),
+                                     None, torch.get_num_threads())
+    return h

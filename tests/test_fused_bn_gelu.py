@@ -1,0 +1,142 @@
+"""The conv stem's BatchNorm + GELU in one kernel each way (fused_bn_gelu.py) against float64 and the
+modules: outputs, gradients, running statistics, eval mode, and where it stands aside."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscope import fused_bn_gelu, fused_gelu, native
+from vitscope.models import create_model
+
+BF = torch.bfloat16
+CL = torch.channels_last
+
+
+def _x(shape=(6, 32, 5, 7), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * 3 + 1).to(BF).contiguous(memory_format=CL)
+
+
+def _bn(c=32, seed=1, **kw):
+    torch.manual_seed(seed)
+    bn = nn.BatchNorm2d(c, **kw)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.normal_()
+        if bn.running_mean is not None:
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+    return bn
+
+
+needs_kernel = pytest.mark.skipif(not fused_bn_gelu.fusable(_x(), _bn(), nn.GELU()),
+                                  reason=f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+
+
+def _run(fn, x, bn, g):
+    """fn's output, and the gradients of x, the weight and the bias for output gradient g."""
+    x = x.detach().clone().requires_grad_()
+    bn.zero_grad()
+    out = fn(x, bn)
+    out.backward(g.to(out.dtype))
+    return out.detach(), x.grad, bn.weight.grad.clone(), bn.bias.grad.clone()
+
+
+def _modules(x, bn):
+    return F.gelu(bn(x))
+
+
+@needs_kernel
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_training_matches_float64_as_closely_as_the_modules_and_updates_the_running_statistics(momentum):
+    x, g = _x(), _x(seed=2)
+    ours_bn, theirs_bn = _bn(momentum=momentum), _bn(momentum=momentum)
+    ref_bn = copy.deepcopy(theirs_bn).double()
+    ours = _run(fused_bn_gelu.bn_gelu, x, ours_bn, g)
+    theirs = _run(_modules, x, theirs_bn, g)
+    ref = _run(_modules, x.double(), ref_bn, g.double())
+    for name, a, b, r in zip(("out", "x", "weight", "bias"), ours, theirs, ref):
+        scale = r.abs().max().item()
+        err, err_modules = (a.double() - r).abs().max().item() / scale, (b.double() - r).abs().max().item() / scale
+        assert a.dtype == b.dtype and a.shape == r.shape and err <= max(2 * err_modules, 1e-2), (name, err, err_modules)
+    assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
+    for buf in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(ours_bn, buf), getattr(theirs_bn, buf), rtol=1e-4, atol=1e-5)
+    assert ours_bn.num_batches_tracked.item() == theirs_bn.num_batches_tracked.item() == 1
+
+
+@needs_kernel
+def test_eval_mode_uses_the_running_statistics():
+    x = _x()
+    bn = _bn().eval()
+    with torch.no_grad():
+        assert fused_bn_gelu.fusable(x, bn, nn.GELU())
+        ours = fused_bn_gelu.bn_gelu(x, bn)
+        theirs = F.gelu(bn(x))
+        ref = F.gelu(copy.deepcopy(bn).double()(x.double()))
+    assert (ours.double() - ref).abs().max() <= max(2 * (theirs.double() - ref).abs().max(), 1e-2 * ref.abs().max())
+    assert bn.num_batches_tracked.item() == 0
+
+
+@needs_kernel
+def test_training_without_running_statistics_and_without_gradients():
+    x = _x()
+    bn = _bn(track_running_stats=False)
+    with torch.no_grad():
+        ours, theirs = fused_bn_gelu.bn_gelu(x, bn), F.gelu(bn(x))
+    assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()
+
+
+@needs_kernel
+def test_double_backward_raises():
+    x = _x().requires_grad_()
+    (gx,) = torch.autograd.grad(fused_bn_gelu.bn_gelu(x, _bn()).float().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.float().sum().backward()
+
+
+@pytest.mark.parametrize("case", ["float32", "channels_first", "channels_24", "tanh", "relu", "eval_with_grad",
+                                  "no_affine", "one_value"])
+def test_the_modules_run_where_the_kernel_does_not_apply(case):
+    x, bn, act = _x(), _bn(), nn.GELU()
+    if case == "float32":
+        x = x.float()
+    elif case == "channels_first":
+        x = x.contiguous()
+    elif case == "channels_24":
+        x, bn = _x((6, 24, 5, 7)), _bn(24)
+    elif case == "tanh":
+        act = fused_gelu.GELU(approximate="tanh")
+    elif case == "relu":
+        act = nn.ReLU()
+    elif case == "eval_with_grad":
+        bn, x = bn.eval(), x.requires_grad_()
+    elif case == "no_affine":
+        bn = nn.BatchNorm2d(32, affine=False)
+    else:
+        x = _x((1, 32, 1, 1))
+    assert not fused_bn_gelu.fusable(x, bn, act)
+
+
+@needs_kernel
+def test_the_conv_stem_fuses_each_pair_unless_a_hook_could_see_between(monkeypatch):
+    calls = []
+    fused = fused_bn_gelu.bn_gelu
+    monkeypatch.setattr(fused_bn_gelu, "bn_gelu", lambda x, bn: calls.append(x.shape[1]) or fused(x, bn))
+    torch.manual_seed(0)
+    model = create_model("vit_fmnist_quick")
+    x = torch.randn(4, 1, 28, 28)
+    with torch.autocast("cpu", dtype=BF):
+        model(x).float().sum().backward()
+    assert calls == [c for c, _ in model.config.stem]  # every BatchNorm + GELU of the stem
+    calls.clear()
+    seen = []
+    model.patch_embed.stem[1].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.autocast("cpu", dtype=BF):
+        model(x)
+    assert seen == [BF] and calls == [c for c, _ in model.config.stem][1:]  # the hooked BatchNorm ran alone
