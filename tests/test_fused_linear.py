@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_linear, native
+from vitscope import fused_gelu, fused_linear, native
 from vitscope.fused_linear import Linear
 from vitscope.vit import Mlp, VisionTransformer, ViTConfig
 
@@ -24,7 +24,7 @@ def calls(monkeypatch):
     seen = []
     kernel = fused_linear._KERNEL
 
-    table = fused_linear._gelu_table
+    table = fused_gelu.gelu_
 
     def counting(*args):
         seen.append(args[3])  # the post-op: "none" or "gelu"
@@ -35,7 +35,7 @@ def calls(monkeypatch):
         return table(y)
 
     monkeypatch.setattr(fused_linear, "_KERNEL", counting)
-    monkeypatch.setattr(fused_linear, "_gelu_table", table_pass)
+    monkeypatch.setattr(fused_gelu, "gelu_", table_pass)
     return seen
 
 

@@ -7,9 +7,11 @@ the pass writes GELU's output and its derivative, the derivative is kept instead
 the backward is one multiply, where PyTorch's GELU backward computes erf and exp again.
 
 Three places use it:
-- the conv stem's activation (`GELU`, which vit.ConvStem builds): under bfloat16 autocast its
+- the conv stem's activation (`GELU`, which vit.ConvStem builds) where its BatchNorm and GELU do not
+  run as one kernel (fused_bn_gelu.py, which reads the same table): under bfloat16 autocast
   BatchNorm hands GELU a bfloat16 tensor. On a Zen 4 EPYC, 2 threads, the quick preset's five stem
-  GELUs (batch 128) took 3.5 ms forward and 5.0 backward with PyTorch's ops and 1.2 and 0.7 here;
+  GELUs (batch 128) took 3.5 ms forward and 5.0 backward with PyTorch's ops and 1.2 and 0.7 here
+  (1.05x the training step, 1.10x inference: benchmarks/ab_kernels.py --part gelu);
 - the bfloat16 training MLP (fused_mlp.py), whose fc2 backward multiplies by the kept derivative
   inside oneDNN's matmul;
 - inference's GELU after fc1 (fused_linear.py), in place.

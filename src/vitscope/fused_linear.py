@@ -152,20 +152,11 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     and 1.00-1.02x ViT-S/16's (benchmarks/ab_fused_linear.py --gelu) against oneDNN's erf GELU in the
     matmul's epilogue, which took 1.4 of fc1's 5.5 ms at 12800 x 128 -> 512 (the pass: 0.7). Elsewhere
     the epilogue, which applies GELU to the float32 sum before rounding."""
-    from . import native  # here: native imports this module
+    from . import fused_gelu, native  # here: native imports this module
 
     if not native.runnable(x, isa="avx512_bf16"):
         return _KERNEL(x, weight, bias, "gelu", [], "none")
-    y = _KERNEL(x, weight, bias, "none", [], "")
-    _gelu_table(y)
-    return y
-
-
-def _gelu_table(y: Tensor) -> None:
-    """y = gelu(y) in place, y contiguous bfloat16, by vitscope's table (fused_gelu.py)."""
-    from . import fused_gelu
-
-    fused_gelu.gelu_(y)
+    return fused_gelu.gelu_(_KERNEL(x, weight, bias, "none", [], ""))
 
 
 class Linear(nn.Linear):
