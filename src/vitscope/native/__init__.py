@@ -198,10 +198,12 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_bn_gelu_fwd.restype = None
     lib.vs_bn_gelu_bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
     lib.vs_bn_gelu_bwd.restype = None
-    lib.vs_layer_norm_fwd.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
-    lib.vs_layer_norm_fwd.restype = None
-    lib.vs_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, i64, i64, i32]
-    lib.vs_layer_norm_bwd.restype = None
+    for ln in (lib.vs_layer_norm_fwd, lib.vs_layer_norm_bf16_fwd):
+        ln.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
+        ln.restype = None
+    for ln in (lib.vs_layer_norm_bwd, lib.vs_layer_norm_bf16_bwd):
+        ln.argtypes = [p, p, p, p, p, p, p, i64, i64, i32]
+        ln.restype = None
     lib.vs_add_bf16.argtypes = [p, p, p, i64, i32]
     lib.vs_add_bf16.restype = None
     global _loaded
