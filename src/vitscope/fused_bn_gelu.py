@@ -53,10 +53,11 @@ def _wants_grad(x: Tensor, bn: nn.Module) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or bn.weight.requires_grad or bn.bias.requires_grad)
 
 
-def _batch_stats(x: Tensor, bn: nn.BatchNorm2d, rows: int) -> tuple[Tensor, Tensor]:
+def _batch_stats(x: Tensor, bn: nn.BatchNorm2d) -> tuple[Tensor, Tensor]:
     """The batch's mean and biased variance (C,), and the running statistics updated as nn.BatchNorm2d
     updates them in training mode."""
     c, threads = x.shape[1], torch.get_num_threads()
+    rows = x.numel() // c
     mean, var = torch.empty(c), torch.empty(c)
     work = torch.empty(threads, c, dtype=torch.float64)
     native.library().vs_bn_stats(x.data_ptr(), rows, c, work.data_ptr(), mean.data_ptr(), var.data_ptr(), threads)
@@ -71,15 +72,22 @@ def _batch_stats(x: Tensor, bn: nn.BatchNorm2d, rows: int) -> tuple[Tensor, Tens
     return mean, var
 
 
+def _forward(x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor,
+             derivative: bool) -> tuple[Tensor, Tensor | None]:
+    """(gelu(bn(x)), gelu'(bn(x)) where `derivative`, else None), each channels-last as x."""
+    scale = weight.detach() * rstd
+    shift = bias.detach() - mean * scale
+    h, d = torch.empty_like(x), (torch.empty_like(x) if derivative else None)
+    native.library().vs_bn_gelu_fwd(x.data_ptr(), x.numel() // x.shape[1], x.shape[1], scale.data_ptr(),
+                                     shift.data_ptr(), h.data_ptr(), None if d is None else d.data_ptr(),
+                                     torch.get_num_threads())
+    return h, d
+
+
 class _BnGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, rstd: Tensor) -> Tensor:
-        rows, c = x.numel() // x.shape[1], x.shape[1]
-        scale = weight.detach() * rstd
-        shift = bias.detach() - mean * scale
-        h, d = torch.empty_like(x), torch.empty_like(x)  # channels-last, as x
-        native.library().vs_bn_gelu_fwd(x.data_ptr(), rows, c, scale.data_ptr(), shift.data_ptr(), h.data_ptr(),
-                                         d.data_ptr(), torch.get_num_threads())
+        h, d = _forward(x, weight, bias, mean, rstd, derivative=True)
         ctx.save_for_backward(x, d, weight, mean, rstd)
         return h
 
@@ -93,24 +101,18 @@ class _BnGelu(torch.autograd.Function):
         dweight, dbias = torch.empty(c), torch.empty(c)
         work = torch.empty(threads, 2, c, dtype=torch.float64)
         native.library().vs_bn_gelu_bwd(g.data_ptr(), d.data_ptr(), x.data_ptr(), rows, c, mean.data_ptr(),
-                                         rstd.data_ptr(), weight.detach().contiguous().data_ptr(), work.data_ptr(),
+                                         rstd.data_ptr(), weight.data_ptr(), work.data_ptr(),
                                          dweight.data_ptr(), dbias.data_ptr(), dx.data_ptr(), threads)
         return dx, dweight, dbias, None, None
 
 
 def bn_gelu(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
     """gelu(bn(x)), x (B, C, H, W) bfloat16 channels-last -> the same. Call it only where `fusable` says."""
-    rows = x.numel() // x.shape[1]
     if bn.training or bn.running_mean is None:
-        mean, var = _batch_stats(x, bn, rows)
+        mean, var = _batch_stats(x, bn)
     else:
         mean, var = bn.running_mean.float(), bn.running_var.float()
     rstd = (var + bn.eps).rsqrt()
     if _wants_grad(x, bn):
         return _BnGelu.apply(x, bn.weight, bn.bias, mean, rstd)
-    scale = bn.weight.detach() * rstd
-    shift = bn.bias.detach() - mean * scale
-    h = torch.empty_like(x)
-    native.library().vs_bn_gelu_fwd(x.data_ptr(), rows, x.shape[1], scale.data_ptr(), shift.data_ptr(), h.data_ptr(),
-                                     None, torch.get_num_threads())
-    return h
+    return _forward(x, bn.weight, bn.bias, mean, rstd, derivative=False)[0]

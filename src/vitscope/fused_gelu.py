@@ -46,10 +46,15 @@ def gelu_and_derivative(a: Tensor) -> tuple[Tensor, Tensor]:
     return h, d
 
 
+def _lookup(a: Tensor, out: Tensor) -> Tensor:
+    """out = gelu(a) (out may be a), both bfloat16 laid out alike, contiguous or channels-last; out."""
+    native.library().vs_gelu(a.data_ptr(), out.data_ptr(), a.numel(), torch.get_num_threads())
+    return out
+
+
 def gelu_(a: Tensor) -> Tensor:
     """a = gelu(a) in place, and a. a: bfloat16, contiguous or channels-last."""
-    native.library().vs_gelu(a.data_ptr(), a.data_ptr(), a.numel(), torch.get_num_threads())
-    return a
+    return _lookup(a, a)
 
 
 class _Gelu(torch.autograd.Function):
@@ -70,9 +75,7 @@ def gelu(a: Tensor) -> Tensor:
     """F.gelu(a) from the table, differentiable where autograd records. Call it only where `fusable(a)`."""
     if torch.is_grad_enabled() and a.requires_grad:
         return _Gelu.apply(a)
-    h = torch.empty_like(a)
-    native.library().vs_gelu(a.data_ptr(), h.data_ptr(), a.numel(), torch.get_num_threads())
-    return h
+    return _lookup(a, torch.empty_like(a))
 
 
 class GELU(nn.GELU):
