@@ -1,6 +1,7 @@
 """The optimizer a run trains with: AdamW, or Muon for the hidden weight matrices with AdamW beside it.
 
-Muon (`torch.optim.Muon`; Jordan et al., 2024) replaces each hidden matrix's momentum by a nearby
+Muon (`torch.optim.Muon`, run as vitscope.muon.Muon: the same numbers with same-shaped matrices
+orthogonalised together; Jordan et al., 2024) replaces each hidden matrix's momentum by a nearby
 semi-orthogonal matrix (five Newton-Schulz iterations), so every direction of the update moves at
 the same rate instead of the few that dominate the gradient. As in Muon's own recipe, the layer
 that reads the pixels, the classifier head, norms, biases, tokens and position tables stay with
@@ -18,6 +19,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from .muon import Muon
 
 OptimizerName = Literal["adamw", "muon"]
 
@@ -66,7 +69,7 @@ class MuonWithAdamW:
                 no_decay.append(p)
             else:
                 decay.append(p)
-        self.muon = torch.optim.Muon([v for _, v, _ in self.views], lr=lr, weight_decay=weight_decay,
+        self.muon = Muon([v for _, v, _ in self.views], lr=lr, weight_decay=weight_decay,
                                      momentum=momentum, adjust_lr_fn="match_rms_adamw")
         self.adamw = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                         {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)

@@ -1,0 +1,86 @@
+"""Muon with one Newton-Schulz iteration for all matrices of a shape: `torch.optim.Muon`'s numbers, fewer calls.
+
+`torch.optim.Muon` orthogonalises each matrix alone: five iterations of three small bfloat16 matmuls,
+fifteen calls per matrix. A ViT's blocks repeat their shapes (every block's qkv, proj, fc1 and fc2;
+fc1ᵀ has fc2's shape), so here the matrices that share a shape once oriented wide (rows ≤ columns, as
+torch orients them) are stacked and iterated together with `bmm`/`baddbmm`, and the momentum, weight
+decay and update run as `_foreach` ops. Every operation is the one torch applies to each matrix, in the
+same dtype and order; the parameters come out bit for bit as `torch.optim.Muon`'s on the CPUs we
+measured (tests/test_muon.py checks them to bfloat16 rounding, benchmarks/ab_optimizer.py times them).
+
+It is a `torch.optim.Muon`: the same arguments, param groups and state (`momentum_buffer` per
+parameter), so its state dicts load into either.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+from torch.optim._muon import _adjust_lr
+
+
+def _orient(u: Tensor) -> Tensor:
+    """u as bfloat16, transposed when it has more rows than columns (torch's orientation)."""
+    x = u.bfloat16()
+    return x.T if u.size(0) > u.size(1) else x
+
+
+def orthogonalize(updates: list[Tensor], ns_coefficients: tuple[float, float, float], ns_steps: int,
+                  eps: float) -> list[Tensor]:
+    """torch.optim.Muon's Newton-Schulz iteration for matrices that share one oriented shape (m, n), m ≤ n:
+    each scaled to unit Frobenius norm, then X ← aX + (bA + cA²)X with A = XXᵀ. Returns bfloat16 results in
+    each input's own orientation."""
+    a, b, c = ns_coefficients
+    if len(updates) == 1:  # torch's own 2-D calls (one mm is faster than a bmm of one)
+        x = _orient(updates[0])
+        x = x.div(x.norm().clamp(min=eps))
+        for _ in range(ns_steps):
+            gram = x @ x.T  # (m, m)
+            gram = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+            x = torch.addmm(x, gram, x, beta=a)
+        return [x.T if updates[0].size(0) > updates[0].size(1) else x]
+    xs = [_orient(u) for u in updates]
+    norms = torch.stack(torch._foreach_norm(xs))  # each matrix's norm as torch takes it, (k,)
+    x = torch.stack(xs)  # (k, m, n)
+    x.div_(norms.clamp(min=eps).view(-1, 1, 1))
+    for _ in range(ns_steps):
+        gram = torch.bmm(x, x.mT)  # (k, m, m)
+        gram = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, gram, x, beta=a)
+    return [xi.T if u.size(0) > u.size(1) else xi for xi, u in zip(x.unbind(0), updates)]
+
+
+class Muon(torch.optim.Muon):
+    """`torch.optim.Muon` whose step orthogonalises same-shaped matrices in one batched iteration."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params: list[Tensor] = []
+            grads: list[Tensor] = []
+            bufs: list[Tensor] = []
+            self._init_group(group, params, grads, bufs)
+            if not params:
+                continue
+            if any(g.ndim != 2 for g in grads):
+                raise ValueError("Muon's gradients must be 2-D matrices, as its parameters")
+            lr, momentum = group["lr"], group["momentum"]
+            lr = lr.item() if isinstance(lr, Tensor) else lr
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)
+            updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+            same_shape: dict[tuple, list[int]] = defaultdict(list)
+            for i, u in enumerate(updates):
+                same_shape[(min(u.shape), max(u.shape), u.device)].append(i)
+            for idx in same_shape.values():
+                ortho = orthogonalize([updates[i] for i in idx], group["ns_coefficients"], group["ns_steps"],
+                                      group["eps"])
+                for i, o in zip(idx, ortho):
+                    params[i].add_(o, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], params[i].shape))
+        return loss
