@@ -6,6 +6,7 @@
     python benchmarks/ab_kernels.py --part gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
+    python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
@@ -23,7 +24,9 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   cannot run);
 - `bn-gelu`: vitscope/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way (off:
   the two modules);
-- `all`: the six together.
+- `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
+  weight gradients where the output is small (off: oneDNN's matmul);
+- `all`: the seven together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
@@ -48,6 +51,7 @@ from vitscope import (  # noqa: E402
     fused_bn_gelu,
     fused_gelu,
     fused_layer_norm,
+    fused_linear,
     fused_mlp,
     fused_residual,
     native,
@@ -57,7 +61,8 @@ from vitscope.models import create_model  # noqa: E402
 
 SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
             "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
-            "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable")}
+            "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
+            "weight-grad": (fused_linear, "_native_weight_grad")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

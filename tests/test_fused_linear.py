@@ -343,3 +343,43 @@ def test_vit_training_gradients_match_the_unfused_model(calls, monkeypatch):
     assert fused.keys() == plain.keys() and all(g.abs().sum() > 0 for g in fused.values())
     for name in fused:  # addmm also adds the bias to the float32 accumulator: the same numbers, up to sum order
         assert (fused[name] - plain[name]).abs().max() <= 0.002 * plain[name].abs().max(), name
+
+
+needs_bf16_kernels = pytest.mark.skipif(not native.has("avx512_bf16"),
+                                        reason=f"vitscope's bfloat16 kernels: {native.why_not('avx512_bf16')}")
+
+
+@needs_bf16_kernels
+@pytest.mark.parametrize("m", [1, 7, 255, 1000])  # odd rows, less than a chunk, several chunks per thread
+@pytest.mark.parametrize("out_in", [(32, 64), (96, 128), (128, 512), (512, 128)])
+def test_weight_grad_kernel_rounds_the_float64_product(m, out_in):
+    out, inp = out_in
+    gen = torch.Generator().manual_seed(m + out)
+    g = torch.randn(m, out, generator=gen).to(BF16)
+    x = torch.randn(m, inp, generator=gen).to(BF16)
+    assert fused_linear._native_weight_grad(g, x)
+    ours = fused_linear.weight_grad(g, x)
+    ref = g.double().t() @ x.double()
+    assert ours.dtype == BF16 and ours.shape == (out, inp)
+    # float32 sums rounded once to bfloat16: within half a bfloat16 ulp of the exact product, and a hair
+    assert ((ours.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-5 * m).all()
+    onednn = g.t() @ x  # oneDNN's: the same rounding
+    assert _err(ours, ref) <= _err(onednn, ref) * 1.01 + 1e-6
+
+
+@needs_bf16_kernels
+def test_weight_grad_kernel_reads_strided_rows_and_leaves_other_shapes_to_onednn(monkeypatch):
+    wide = torch.randn(300, 3 * 64).to(BF16)
+    g, x = wide[:, 64:128], torch.randn(300, 64).to(BF16)  # g's rows 192 apart, like a slice of a fused output
+    assert fused_linear._native_weight_grad(g, x)
+    torch.testing.assert_close(fused_linear.weight_grad(g, x).double(), g.double().t() @ x.double(),
+                               atol=0.0, rtol=2 ** -8)
+    for a, b in [(torch.randn(64, 48), torch.randn(64, 64)),      # out not a multiple of 32
+                 (torch.randn(64, 32), torch.randn(64, 96)),      # in not a multiple of 64
+                 (torch.randn(64, 512), torch.randn(64, 256))]:   # out·in past the kernel's cache-sized sums
+        assert not fused_linear._native_weight_grad(a.to(BF16), b.to(BF16))
+        assert torch.equal(fused_linear.weight_grad(a.to(BF16), b.to(BF16)), a.to(BF16).t() @ b.to(BF16))
+    assert not fused_linear._native_weight_grad(torch.randn(64, 32), torch.randn(64, 64))  # float32
+    assert not fused_linear._native_weight_grad(g.t(), x.t())
+    monkeypatch.setattr(native, "runnable", lambda *t, isa: False)
+    assert not fused_linear._native_weight_grad(g, x)
