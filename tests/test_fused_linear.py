@@ -345,8 +345,9 @@ def test_vit_training_gradients_match_the_unfused_model(calls, monkeypatch):
         assert (fused[name] - plain[name]).abs().max() <= 0.002 * plain[name].abs().max(), name
 
 
-needs_bf16_kernels = pytest.mark.skipif(not native.has("avx512_bf16"),
-                                        reason=f"vitscope's bfloat16 kernels: {native.why_not('avx512_bf16')}")
+needs_bf16_kernels = pytest.mark.skipif(
+    not native.has("avx512_bf16") or "amx_bf16" in native.cpu_features(),
+    reason="the weight-gradient kernel runs where vitscope's bfloat16 kernels do and oneDNN has no AMX")
 
 
 @needs_bf16_kernels
@@ -381,5 +382,8 @@ def test_weight_grad_kernel_reads_strided_rows_and_leaves_other_shapes_to_onednn
         assert torch.equal(fused_linear.weight_grad(a.to(BF16), b.to(BF16)), a.to(BF16).t() @ b.to(BF16))
     assert not fused_linear._native_weight_grad(torch.randn(64, 32), torch.randn(64, 64))  # float32
     assert not fused_linear._native_weight_grad(g.t(), x.t())
+    monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: True)
+    assert not fused_linear._native_weight_grad(g, x)  # oneDNN's AMX tiles instead
+    monkeypatch.undo()
     monkeypatch.setattr(native, "runnable", lambda *t, isa: False)
     assert not fused_linear._native_weight_grad(g, x)

@@ -92,7 +92,7 @@ NATIVE_WEIGHT_GRAD_MAX = 65536  # out·in: native/weight_grad.c keeps each threa
 
 def _native_weight_grad(g: Tensor, x: Tensor) -> bool:
     """Whether native/weight_grad.c takes gᵀ x: bfloat16 rows with unit stride, out % 32 == 0,
-    in % 64 == 0, out·in at most NATIVE_WEIGHT_GRAD_MAX, and the kernels runnable here."""
+    in % 64 == 0, out·in at most NATIVE_WEIGHT_GRAD_MAX, the kernels runnable here, and no AMX."""
     from . import native  # here: native imports this module
 
     if g.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or g.dim() != 2 or x.dim() != 2:
@@ -100,14 +100,22 @@ def _native_weight_grad(g: Tensor, x: Tensor) -> bool:
     (m, out), (_, inp) = g.shape, x.shape
     if g.stride(1) != 1 or x.stride(1) != 1 or m == 0 or out % 32 or inp % 64 or out * inp > NATIVE_WEIGHT_GRAD_MAX:
         return False
-    return native.runnable(g, x, isa="avx512_bf16")
+    # where the CPU has AMX, oneDNN multiplies in its tiles, several times the vdpbf16ps kernel's peak
+    return not _cpu_has_amx() and native.runnable(g, x, isa="avx512_bf16")
+
+
+@functools.cache
+def _cpu_has_amx() -> bool:
+    from . import native
+
+    return "amx_bf16" in native.cpu_features()
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
     """gᵀ x, g (M, out) and x (M, in) -> (out, in): a linear layer's weight gradient.
 
     For small bfloat16 outputs (out·in up to 65536, the 28×28 ViTs' layers) where vitscope's kernels
-    run, native/weight_grad.c: float32 sums per thread over its share of the rows, rounded once;
+    run on a CPU without AMX, native/weight_grad.c: float32 sums per thread over its share of the rows, rounded once;
     1.11x oneDNN's product over the plain 28×28 ViT's four shapes at M = 12800 on a Zen 4 EPYC.
     Otherwise oneDNN's matmul, which reads both operands transposed at a speed that depends on the
     output's shape: measured on a Xeon with AMX at M = 6304, (out, in) = (384, 1536) took 6.4 ms as
