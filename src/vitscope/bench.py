@@ -81,6 +81,9 @@ def kernel_states() -> list[tuple[str, str]]:
     for part in ("bfloat16 training MLP", "LayerNorm to bfloat16", "residual add", "GELU table, bfloat16",
                  "BatchNorm + GELU (conv stem)"):
         rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
+    if why is None and fused_linear._cpu_has_amx():
+        why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"
+    rows.append(("weight gradients, small linears", "on (avx512_bf16 build)" if why is None else f"off: {why}"))
     linear = fused_linear.available()
     rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))
     return rows
