@@ -1,0 +1,75 @@
+"""A/B: a linear layer's weight gradient gᵀ x, vitscope's kernel (native/weight_grad.c) against oneDNN's matmul.
+
+    python benchmarks/ab_weight_grad.py [--rows 12800] [--shapes 384x128 128x128 512x128 128x512] [--rounds 5]
+
+For each (out, in) shape, bfloat16 g (rows, out) and x (rows, in) as a training step has them (the
+plain 28x28 ViT at batch 256 has 12800 rows: its qkv, proj, fc1 and fc2 by default); both products
+are timed in alternating rounds in one process, freed memory kept (vitscope.allocator). Prints each
+one's milliseconds, GFLOP/s and largest error against the float64 product (relative to its largest
+value), and the ratio. Shapes the kernel does not take (vitscope.fused_linear._native_weight_grad)
+are marked and time oneDNN's product on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import machine_header  # noqa: E402
+from vitscope import allocator, fused_linear, native  # noqa: E402
+
+
+def _ms(fn, reps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=12800)
+    ap.add_argument("--shapes", nargs="+", default=["384x128", "128x128", "512x128", "128x512"], metavar="OUTxIN")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10, help="products per round and variant")
+    args = ap.parse_args(argv)
+    if native.library() is None:
+        sys.exit(f"vitscope's kernels cannot run here: {native.why_not()}")
+    allocator.keep_freed_memory()
+    torch.manual_seed(0)
+    print(machine_header())
+    print(f"\nweight gradient gᵀx, bfloat16, {args.rows} rows, {args.rounds} alternating rounds of {args.reps}\n")
+    print("| (out, in) | kernel | vitscope ms | GFLOP/s | oneDNN ms | GFLOP/s | ratio | error vitscope / oneDNN |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    total = [0.0, 0.0]
+    for shape in args.shapes:
+        out, inp = (int(v) for v in shape.lower().split("x"))
+        g = torch.randn(args.rows, out).to(torch.bfloat16)
+        x = torch.randn(args.rows, inp).to(torch.bfloat16)
+        ours, theirs = (lambda g=g, x=x: fused_linear.weight_grad(g, x)), (lambda g=g, x=x: g.t() @ x)
+        ref = g.double().t() @ x.double()
+        errs = [((f().double() - ref).abs().max() / ref.abs().max()).item() for f in (ours, theirs)]
+        for f in (ours, theirs):
+            _ms(f, 3)
+        a, b = [], []
+        for _ in range(args.rounds):
+            a.append(_ms(ours, args.reps))
+            b.append(_ms(theirs, args.reps))
+        ma, mb = statistics.median(a), statistics.median(b)
+        total[0] += ma
+        total[1] += mb
+        flop = 2 * args.rows * out * inp / 1e6
+        taken = "vitscope's" if fused_linear._native_weight_grad(g, x) else "oneDNN's (not taken)"
+        print(f"| ({out}, {inp}) | {taken} | {ma:.2f} | {flop / ma:.0f} | {mb:.2f} | {flop / mb:.0f} | "
+              f"**{mb / ma:.2f}** | {errs[0]:.2g} / {errs[1]:.2g} |")
+    print(f"\nall shapes: vitscope {total[0]:.2f} ms, oneDNN {total[1]:.2f} ms, **{total[1] / total[0]:.2f}x**")
+
+
+if __name__ == "__main__":
+    main()
