@@ -366,6 +366,11 @@ def test_weight_grad_kernel_rounds_the_float64_product(m, out_in):
     assert ((ours.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-5 * m).all()
     onednn = g.t() @ x  # oneDNN's: the same rounding
     assert _err(ours, ref) <= _err(onednn, ref) * 1.01 + 1e-6
+    dw, db = fused_linear.weight_and_bias_grad(g, x, bias=True)  # the bias gradient from the same chunks
+    assert torch.equal(dw, ours) and db.dtype == BF16 and db.shape == (out,)
+    exact = g.double().sum(0)
+    assert ((db.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-5 * m).all()
+    assert fused_linear.weight_and_bias_grad(g, x, bias=False)[1] is None
 
 
 @needs_bf16_kernels
@@ -378,8 +383,11 @@ def test_weight_grad_kernel_reads_strided_rows_and_leaves_other_shapes_to_onednn
     for a, b in [(torch.randn(64, 48), torch.randn(64, 64)),      # out not a multiple of 32
                  (torch.randn(64, 32), torch.randn(64, 96)),      # in not a multiple of 64
                  (torch.randn(64, 512), torch.randn(64, 256))]:   # out·in past the kernel's cache-sized sums
-        assert not fused_linear._native_weight_grad(a.to(BF16), b.to(BF16))
-        assert torch.equal(fused_linear.weight_grad(a.to(BF16), b.to(BF16)), a.to(BF16).t() @ b.to(BF16))
+        a, b = a.to(BF16), b.to(BF16)
+        assert not fused_linear._native_weight_grad(a, b)
+        assert torch.equal(fused_linear.weight_grad(a, b), a.t() @ b)
+        dw, db = fused_linear.weight_and_bias_grad(a, b, bias=True)
+        assert torch.equal(dw, a.t() @ b) and torch.equal(db, a.sum(0))
     assert not fused_linear._native_weight_grad(torch.randn(64, 32), torch.randn(64, 64))  # float32
     assert not fused_linear._native_weight_grad(g.t(), x.t())
     monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: True)

@@ -115,24 +115,39 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
     """gᵀ x, g (M, out) and x (M, in) -> (out, in): a linear layer's weight gradient.
 
     For small bfloat16 outputs (out·in up to 65536, the 28×28 ViTs' layers) where vitscope's kernels
-    run on a CPU without AMX, native/weight_grad.c: float32 sums per thread over its share of the rows, rounded once;
-    1.11x oneDNN's product over the plain 28×28 ViT's four shapes at M = 12800 on a Zen 4 EPYC.
+    run on a CPU without AMX, native/weight_grad.c: float32 sums per thread over its share of the rows,
+    rounded once; 1.09x oneDNN's product over the plain 28×28 ViT's four shapes at M = 12800 on a Zen 4
+    EPYC (benchmarks/ab_weight_grad.py).
     Otherwise oneDNN's matmul, which reads both operands transposed at a speed that depends on the
     output's shape: measured on a Xeon with AMX at M = 6304, (out, in) = (384, 1536) took 6.4 ms as
     gᵀ x but 4.6 as (xᵀ g)ᵀ made contiguous, while (1536, 384) took 4.2 against 6.7. So the product
     is taken with the narrower output: xᵀ g, transposed back, when in > out (no difference at the
     plain 28×28 ViT's shapes)."""
+    return weight_and_bias_grad(g, x, bias=False)[0]
+
+
+def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool) -> tuple[Tensor, Tensor | None]:
+    """(gᵀ x, g's column sums where `bias`, else None): a linear layer's weight and bias gradients. Where
+    native/weight_grad.c takes the product (`_native_weight_grad`) it sums g's columns from the chunks
+    it packs, in float32 and then float64 (g.sum(0): a pass of its own, 0.3-0.75 ms at 12800 x 512)."""
     if _native_weight_grad(g, x):
         from . import native
 
         (m, out), inp, threads = g.shape, x.shape[1], torch.get_num_threads()
         work = torch.empty(threads, out, inp)
         dw = torch.empty(out, inp, dtype=torch.bfloat16)
-        status = native.library().vs_weight_grad_bf16(g.data_ptr(), g.stride(0), x.data_ptr(), x.stride(0), m, out,
-                                                      inp, work.data_ptr(), dw.data_ptr(), threads)
+        bwork = torch.empty(threads, out, dtype=torch.float64) if bias else None
+        db = torch.empty(out, dtype=torch.bfloat16) if bias else None
+        status = native.library().vs_weight_grad_bf16(
+            g.data_ptr(), g.stride(0), x.data_ptr(), x.stride(0), m, out, inp, work.data_ptr(), dw.data_ptr(),
+            None if bwork is None else bwork.data_ptr(), None if db is None else db.data_ptr(), threads)
         if status != 0:
             raise MemoryError("vitscope's weight-gradient kernel could not allocate its packing buffers")
-        return dw
+        return dw, db
+    return _onednn_weight_grad(g, x), (g.sum(0) if bias else None)
+
+
+def _onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
     if x.shape[-1] > g.shape[-1]:
         return (x.t() @ g).t().contiguous()
     return g.t() @ x
@@ -158,9 +173,10 @@ class _LinearWithGrad(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = (g @ weight).view(x.shape)  # (M, in)
+        need_b = ctx.has_bias and ctx.needs_input_grad[2]
         if ctx.needs_input_grad[1]:
-            gw = weight_grad(g, x.reshape(-1, x.shape[-1]))  # (out, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gw, gb = weight_and_bias_grad(g, x.reshape(-1, x.shape[-1]), need_b)  # (out, in), (out,)
+        elif need_b:
             gb = g.sum(0)
         return gx, gw, gb
 

@@ -206,7 +206,7 @@ def _load() -> ctypes.CDLL | None:
         ln.restype = None
     lib.vs_add_bf16.argtypes = [p, p, p, i64, i32]
     lib.vs_add_bf16.restype = None
-    lib.vs_weight_grad_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, p, p, i32]
+    lib.vs_weight_grad_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, p, p, p, p, i32]
     lib.vs_weight_grad_bf16.restype = i32
     global _loaded
     _loaded = True
