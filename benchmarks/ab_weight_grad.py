@@ -1,6 +1,7 @@
 """A/B: a linear layer's weight gradient gᵀ x, vitscope's kernel (native/weight_grad.c) against oneDNN's matmul.
 
     python benchmarks/ab_weight_grad.py [--rows 12800] [--shapes 384x128 128x128 512x128 128x512] [--rounds 5]
+    python benchmarks/ab_weight_grad.py --bias-in-step [--model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256]
 
 For each (out, in) shape, bfloat16 g (rows, out) and x (rows, in) as a training step has them (the
 plain 28x28 ViT at batch 256 has 12800 rows: its qkv, proj, fc1 and fc2 by default); both products
@@ -8,6 +9,10 @@ are timed in alternating rounds in one process, freed memory kept (vitscope.allo
 one's milliseconds, GFLOP/s and largest error against the float64 product (relative to its largest
 value), and the ratio. Shapes the kernel does not take (vitscope.fused_linear._native_weight_grad)
 are marked and time oneDNN's product on both sides.
+
+`--bias-in-step` times whole bfloat16 training steps instead (benchmarks/_ab.py, alternating rounds):
+the bias gradients summed inside the kernel from the chunks it packs, against the kernel's weight
+gradient and a separate `g.sum(0)`.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from vitscope import allocator, fused_linear, native  # noqa: E402
+from vitscope.models import create_model  # noqa: E402
 
 
 def _ms(fn, reps: int) -> float:
@@ -32,7 +39,34 @@ def _ms(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps * 1e3
 
 
+def bias_in_step(argv: list[str]) -> None:
+    ap = ab.parser(__doc__)
+    ab.add_model_sets(ap)
+    ap.set_defaults(model="vit_tiny_patch4_28", batch=256, rounds=10)
+    ap.add_argument("--bias-in-step", action="store_true")
+    args = ap.parse_args(argv)
+    overrides = ab.model_overrides(ap, args) or ({"mlp_ratio": 4.0} if args.model == "vit_tiny_patch4_28" else {})
+    torch.manual_seed(0)
+    step = ab.training_step(create_model(args.model, **overrides), args.batch)
+    kernel = fused_linear.weight_and_bias_grad
+
+    def separate(g: torch.Tensor, x: torch.Tensor, bias: bool):
+        return kernel(g, x, False)[0], (g.sum(0) if bias else None)
+
+    steps = {"bias in kernel": step,
+             "g.sum(0)": ab.with_attribute(step, fused_linear, "weight_and_bias_grad", separate)}
+    rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
+    print(machine_header())
+    sets = "".join(f" {k}={v}" for k, v in overrides.items())
+    print(f"\n{args.model}{sets}, batch {args.batch}, {ab.step_label(args)} training step, {args.rounds} "
+          f"alternating rounds of {args.steps}\n")
+    print(ab.ratio_table(rates, "bias in kernel", "g.sum(0)", "bias gradients"))
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--bias-in-step" in argv:
+        return bias_in_step(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=12800)
     ap.add_argument("--shapes", nargs="+", default=["384x128", "128x128", "512x128", "128x512"], metavar="OUTxIN")
