@@ -11,7 +11,8 @@ faster than oneDNN's erf, and the unfused path's numbers, correctly rounded).
 
 The kernel has no backward of its own. Where autograd records the call (training), `linear` wraps it
 in an autograd function whose backward is addmm's (x's gradient g W, the weight's gᵀ x, the bias's
-the column sums of g, each only if asked for), so gradients are the same numbers; the GELU then stays
+the column sums of g, each only if asked for), so gradients are the same numbers (up to the order of
+float32 sums where `weight_and_bias_grad` runs vitscope's kernel); the GELU then stays
 a separate op, since its backward needs fc1's output before it. Calls that forward-mode AD or
 torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat16 (under CPU
 autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
