@@ -82,3 +82,18 @@ def test_state_dicts_load_into_torch_muon_and_back():
     again = Muon(ours, lr=0.02)
     again.load_state_dict(ref_opt.state_dict())
     assert again.param_groups[0]["lr"] == 0.02 and len(again.state) == len(ours)
+
+
+def test_a_torch_without_muon_gets_a_clear_error(monkeypatch):
+    import importlib
+
+    import vitscope.muon
+
+    monkeypatch.delattr(torch.optim, "Muon")
+    try:
+        stale = importlib.reload(vitscope.muon)
+        with pytest.raises(RuntimeError, match="--optimizer adamw"):
+            stale.Muon([nn.Parameter(torch.zeros(4, 4))], lr=0.02)
+    finally:
+        monkeypatch.undo()
+        importlib.reload(vitscope.muon)

@@ -9,16 +9,31 @@ same dtype and order; the parameters come out bit for bit as `torch.optim.Muon`'
 measured (tests/test_muon.py checks them to bfloat16 rounding, benchmarks/ab_optimizer.py times them).
 
 It is a `torch.optim.Muon`: the same arguments, param groups and state (`momentum_buffer` per
-parameter), so its state dicts load into either.
+parameter), so its state dicts load into either. With a torch that has no `torch.optim.Muon`,
+building one raises an error that says so.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import torch
 from torch import Tensor
-from torch.optim._muon import _adjust_lr
+
+_TORCH_MUON = getattr(torch.optim, "Muon", None)
+
+
+def _adjust_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """The learning rate for a matrix of `shape`, as torch.optim.Muon scales it: Keller Jordan's
+    sqrt(max(1, A / B)) ("original", the default), or Moonshot's 0.2 sqrt(max(A, B)) ("match_rms_adamw",
+    an update the size of AdamW's)."""
+    a, b = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1.0, a / b))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * (0.2 * math.sqrt(max(a, b)))
+    return lr
 
 
 def _orient(u: Tensor) -> Tensor:
@@ -52,8 +67,14 @@ def orthogonalize(updates: list[Tensor], ns_coefficients: tuple[float, float, fl
     return [xi.T if u.size(0) > u.size(1) else xi for xi, u in zip(x.unbind(0), updates)]
 
 
-class Muon(torch.optim.Muon):
+class Muon(_TORCH_MUON or torch.optim.Optimizer):
     """`torch.optim.Muon` whose step orthogonalises same-shaped matrices in one batched iteration."""
+
+    def __init__(self, params, *args, **kwargs):
+        if _TORCH_MUON is None:
+            raise RuntimeError(f"Muon needs torch.optim.Muon, which torch {torch.__version__} does not have: "
+                               "upgrade torch, or train with --optimizer adamw")
+        super().__init__(params, *args, **kwargs)
 
     @torch.no_grad()
     def step(self, closure=None):
