@@ -50,8 +50,8 @@ def bias_in_step(argv: list[str]) -> None:
     step = ab.training_step(create_model(args.model, **overrides), args.batch)
     kernel = fused_linear.weight_and_bias_grad
 
-    def separate(g: torch.Tensor, x: torch.Tensor, bias: bool):
-        return kernel(g, x, False)[0], (g.sum(0) if bias else None)
+    def separate(g: torch.Tensor, x: torch.Tensor, bias: bool, weight: bool = True):
+        return kernel(g, x, False, weight)[0], (g.sum(0) if bias else None)
 
     steps = {"bias in kernel": step,
              "g.sum(0)": ab.with_attribute(step, fused_linear, "weight_and_bias_grad", separate)}

@@ -127,10 +127,14 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
     return weight_and_bias_grad(g, x, bias=False)[0]
 
 
-def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool) -> tuple[Tensor, Tensor | None]:
-    """(gᵀ x, g's column sums where `bias`, else None): a linear layer's weight and bias gradients. Where
-    native/weight_grad.c takes the product (`_native_weight_grad`) it sums g's columns from the chunks
-    it packs, in float32 and then float64 (g.sum(0): a pass of its own, 0.3-0.75 ms at 12800 x 512)."""
+def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool,
+                         weight: bool = True) -> tuple[Tensor | None, Tensor | None]:
+    """(gᵀ x where `weight`, g's column sums where `bias`; None for what is not asked): a linear layer's
+    weight and bias gradients. Where native/weight_grad.c takes the product (`_native_weight_grad`) it
+    sums g's columns from the chunks it packs, in float32 and then float64 (g.sum(0): a pass of its own,
+    0.3-0.75 ms at 12800 x 512)."""
+    if not weight:
+        return None, (g.sum(0) if bias else None)
     if _native_weight_grad(g, x):
         from . import native
 
@@ -171,14 +175,11 @@ class _LinearWithGrad(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])  # (M, out), M = all leading dims
-        gx = gw = gb = None
+        gx = None
         if ctx.needs_input_grad[0]:
             gx = (g @ weight).view(x.shape)  # (M, in)
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
-        if ctx.needs_input_grad[1]:
-            gw, gb = weight_and_bias_grad(g, x.reshape(-1, x.shape[-1]), need_b)  # (out, in), (out,)
-        elif need_b:
-            gb = g.sum(0)
+        gw, gb = weight_and_bias_grad(g, x.reshape(-1, x.shape[-1]), need_b, weight=ctx.needs_input_grad[1])
         return gx, gw, gb
 
 

@@ -55,19 +55,13 @@ def _backward(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor
         g = g.contiguous()
     x2 = x.reshape(-1, x.shape[-1])
     need_x, need_w1, need_b1, need_w2, need_b2 = needs
-    gx = gw1 = gb1 = gw2 = gb2 = None
-    if need_w2:
-        gw2, gb2 = fused_linear.weight_and_bias_grad(g, h, need_b2)  # (out, hidden), (out,)
-    elif need_b2:
-        gb2 = g.sum(0)
+    gx = gw1 = gb1 = None
+    gw2, gb2 = fused_linear.weight_and_bias_grad(g, h, need_b2, weight=need_w2)  # (out, hidden), (out,)
     if need_x or need_w1 or need_b1:
         ga = _KERNEL.binary(g, d, w2.t(), None, "mul")  # (g W2) ∘ gelu'(a): (M, hidden); W2ᵀ as a view
         if need_x:
             gx = (ga @ w1).view(x.shape)
-        if need_w1:
-            gw1, gb1 = fused_linear.weight_and_bias_grad(ga, x2, need_b1)
-        elif need_b1:
-            gb1 = ga.sum(0)
+        gw1, gb1 = fused_linear.weight_and_bias_grad(ga, x2, need_b1, weight=need_w1)
     return [gx, gw1, gb1, gw2, gb2]
 
 

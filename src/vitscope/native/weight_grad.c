@@ -36,8 +36,8 @@ static void pack_pairs(const uint16_t *y, int64_t ld, int rows, int64_t n, uint3
     }
 }
 
-/* pack_pairs for g, also adding each column's sum over the rows into sums[0 .. n) (float32): the bias
-   gradient, from the same loads. */
+/* pack_pairs for g, then each column's sum over the rows added into sums[0 .. n) (float32): the bias
+   gradient, read again from the chunk while it is in cache. */
 static void pack_pairs_sum(const uint16_t *y, int64_t ld, int rows, int64_t n, uint32_t *dst, float *sums)
 {
     pack_pairs(y, ld, rows, n, dst);
@@ -55,7 +55,8 @@ static void pack_pairs_sum(const uint16_t *y, int64_t ld, int rows, int64_t n, u
 
 /* c[RB][CB·16] (row stride ldc) += the np pairs of gp's RB columns (row length o) times xp's CB tiles
    (row length i), the RB x CB sums in registers. */
-static inline __attribute__((always_inline)) void block(const uint32_t *gp, int64_t o, const uint32_t *xp, int64_t i, int np, float *c, int64_t ldc)
+static inline __attribute__((always_inline)) void block(const uint32_t *gp, int64_t o, const uint32_t *xp,
+                                                        int64_t i, int np, float *c, int64_t ldc)
 {
     __m512 acc[RB][CB];
     for (int r = 0; r < RB; r++)
