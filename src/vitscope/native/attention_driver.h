@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "simd.h"
+#include "touch.h"
 
 /* Each thread's scratch, allocated and zeroed on its first call and kept (about 1 MB a thread). */
 static scratch_t *scratch(void)
@@ -62,24 +65,20 @@ static float *thread_floats(int64_t n)
 #define AT(x, t) ((x) + bi * j->st[3 * (t)] + hi * j->st[3 * (t) + 1])
 #define ROW(t) (j->st[3 * (t) + 2])
 
-/* Reads one byte of each cache line of a (batch, head)'s input rows (q, k, v and for the backward g),
-   so that they are on their way from memory while the heads before them compute. Their rows lie a
-   row stride apart (the heads of a (B, N, H, D) tensor, or q, k and v of one fused projection), which
-   the hardware's prefetchers do not follow: without this the plain 28x28 ViT's forward (64-byte rows)
-   took 1.45x as long on data from memory as on data in cache. Prefetch instructions measured no
-   better than nothing; loads do. */
-static volatile uint8_t touched;
+/* Names the (batch, head)'s input rows (q, k, v and for the backward g) as the next to read
+   (touch.h): the head computing now fetches them a few lines at a time. */
 static void touch_head(const job_t *j, int64_t bh)
 {
-    const int64_t bi = bh / j->h, hi = bh % j->h, bytes = j->d * (int64_t)sizeof(ELEM);
-    uint8_t acc = 0;
-    for (int t = 0; t < (j->in[3] ? 4 : 3); t++) {
-        const uint8_t *x = (const uint8_t *)AT(j->in[t], t);
-        const int64_t n = t == 1 || t == 2 ? j->nk : j->nq, row = ROW(t) * (int64_t)sizeof(ELEM);
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t e = 0; e < bytes; e += 64) acc ^= *(const volatile uint8_t *)(x + r * row + e);
+    const int64_t bi = bh / j->h, hi = bh % j->h;
+    const int n = j->in[3] ? 4 : 3;
+    const void *base[4];
+    int64_t rows[4], stride[4];
+    for (int t = 0; t < n; t++) {
+        base[t] = AT(j->in[t], t);
+        rows[t] = t == 1 || t == 2 ? j->nk : j->nq;
+        stride[t] = ROW(t) * (int64_t)sizeof(ELEM);
     }
-    touched = acc;
+    touch_next(n, base, rows, stride, j->d * (int64_t)sizeof(ELEM));
 }
 
 static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
@@ -97,8 +96,6 @@ static void backward_head(const job_t *j, int64_t bh, scratch_t *w)
                   (int)j->nq, (int)j->nk, (int)j->d, j->c, j->scale, w, j->floats ? thread_floats(j->floats) : NULL);
 }
 
-#define AHEAD 2 /* heads between the one computed and the one touched (1 and 3 measured no better) */
-
 /* Runs `head` for every (batch, head) on `threads` OpenMP threads, each with its scratch, its product
    unit's state (AMX's tile config) and subnormals off. Returns 0, or -2 when a thread's scratch (or
    its buffer of the job's floats) could not be allocated. */
@@ -112,11 +109,17 @@ static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const 
         else {
             products_on();
             const unsigned csr = subnormals_off();
-#pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < b * j->h; bh++) {
-                if (bh + AHEAD < b * j->h) touch_head(j, bh + AHEAD);
+            /* Each thread a contiguous run of heads; while one computes, the next one's rows are read. */
+            const int64_t n = b * j->h, t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const int64_t first = n * t / nt, end = n * (t + 1) / nt;
+            if (first < end) touch_head(j, first);
+            for (int64_t bh = first; bh < end; bh++) {
+                touch_rest();
+                if (bh + 1 < end) touch_head(j, bh + 1);
+                else touch_none();
                 head(j, bh, w);
             }
+            touch_none();
             products_off();
             subnormals_restore(csr);
         }

@@ -1,0 +1,96 @@
+/* Bringing the next (batch, head)'s input rows into cache while this one computes, a few lines at a time.
+
+   The attention kernels' q, k, v (and g) rows lie a row stride apart (the heads of one fused qkv
+   projection's output), which the hardware prefetchers do not follow. Reading all of a head's lines in
+   one burst before it (session 24's way) is held back by the core's outstanding misses: at ViT-S/16's
+   197 tokens of 64 dims the forward took 70-75 µs a head and thread from memory against 58-59 in
+   cache, and reading the head two ahead measured no better than reading the head itself right before
+   computing it. Spread over the softmax's rows, a few lines per row, the fetches overlap the
+   arithmetic: forward 62-66 µs, backward 150-152 against 158-177, and the plain 28x28 ViT's
+   3.4-3.7 µs forward against 3.7-4.8 (benchmarks/attention_heads.c, a layer on 2 threads, Zen 4).
+
+   Prefetch instructions, not loads: spread over the rows, loads were as fast only where the compiler
+   unrolled the loop that issues them; as a loop they made the forward 1.45x slower (93 µs), while a
+   loop of prefetches is not (64). Into L2 (T1): T0 and T2 measured the same within the noise.
+
+   The driver names the next head (touch_next) and, before starting it, issues whatever was not yet
+   fetched (touch_rest); a head function says how many steps it will take (touch_plan) and calls
+   touch_step at each. */
+#ifndef VS_TOUCH_H
+#define VS_TOUCH_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+typedef struct {
+    const uint8_t *base[4];
+    int64_t rows[4], stride[4];  /* each tensor's rows and their stride in bytes */
+    int tensors, lines;          /* how many tensors; cache lines per row */
+    int t, e;                    /* the next line: tensor t, row r, line e of the row */
+    int64_t r;
+    int64_t per_step;
+} touch_t;
+
+static __thread touch_t touch_pending;
+
+#ifndef TOUCH_HINT
+#define TOUCH_HINT _MM_HINT_T1
+#endif
+
+/* Names the rows to fetch next: `tensors` tensors (up to 4), each rows[t] rows of `bytes` bytes at
+   base[t], stride[t] bytes apart. */
+static void touch_next(int tensors, const void *const *base, const int64_t *rows, const int64_t *stride, int64_t bytes)
+{
+    touch_t *p = &touch_pending;
+    p->tensors = tensors;
+    p->lines = (int)((bytes + 63) / 64);
+    p->t = 0, p->e = 0, p->r = 0;
+    p->per_step = 0;
+    for (int t = 0; t < tensors; t++) {
+        p->base[t] = (const uint8_t *)base[t];
+        p->rows[t] = rows[t];
+        p->stride[t] = stride[t];
+    }
+}
+
+static void touch_none(void) { touch_pending.tensors = 0; }
+
+/* Prefetches up to n more of the named lines. */
+static void touch_lines(int64_t n)
+{
+    touch_t *p = &touch_pending;
+    int t = p->t, e = p->e;
+    int64_t r = p->r;
+    if (t >= p->tensors) return;
+    const uint8_t *row = p->base[t] + r * p->stride[t];
+    for (; n > 0; n--) {
+        _mm_prefetch((const char *)(row + e * 64), TOUCH_HINT);
+        if (++e < p->lines) continue;
+        e = 0;
+        if (++r == p->rows[t]) {
+            r = 0;
+            if (++t == p->tensors) break;
+        }
+        row = p->base[t] + r * p->stride[t];
+    }
+    p->t = t, p->e = e, p->r = r;
+}
+
+static void touch_rest(void) { touch_lines(INT64_MAX); }
+
+/* The lines left spread over `steps` calls of touch_step. */
+static void touch_plan(int64_t steps)
+{
+    touch_t *p = &touch_pending;
+    int64_t left = 0;
+    for (int t = p->t; t < p->tensors; t++) left += p->rows[t] * p->lines;
+    if (p->t < p->tensors) left -= p->r * p->lines + p->e;
+    p->per_step = steps > 0 ? (left + steps - 1) / steps : left;
+}
+
+static inline void touch_step(void)
+{
+    if (touch_pending.t < touch_pending.tensors) touch_lines(touch_pending.per_step);
+}
+
+#endif
