@@ -171,29 +171,39 @@ typedef struct {
     float mx[MAXK], sum[MAXK], alpha[MAXK];      /* the long forward's running maximum, sum, rescaling */
 } scratch_t;
 
-/* A row of scores sr (nk valid of 16 njb, float32) times c, the lanes past nk set to -inf, in place;
-   returns the row's maximum. */
-static inline float scale_row(float *sr, int njb, int nk, __m512 cs)
+/* The largest of a row's nk scores sr times c (float32; c may be negative, or 0). The scores are not
+   scaled in place: the weights take c inside their exponent's multiply-add. */
+static inline float row_max(const float *sr, int nk, float c)
 {
-    __m512 m = _mm512_set1_ps(-INFINITY);
-    for (int jv = 0; jv < njb; jv++) {
-        const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), lanes(nk, jv), _mm512_load_ps(sr + jv * 16), cs);
-        _mm512_store_ps(sr + jv * 16, x);
-        m = _mm512_max_ps(m, x);
+    const int full = nk / 16;
+    const __mmask16 tail = lanes(nk, full);
+    __m512 hi = _mm512_set1_ps(-INFINITY), lo = _mm512_set1_ps(INFINITY);
+    if (c >= 0.0f) {
+        for (int jv = 0; jv < full; jv++) hi = _mm512_max_ps(hi, _mm512_load_ps(sr + jv * 16));
+        if (nk % 16) hi = _mm512_mask_max_ps(hi, tail, hi, _mm512_load_ps(sr + full * 16));
+        return c * _mm512_reduce_max_ps(hi);
     }
-    return _mm512_reduce_max_ps(m);
+    for (int jv = 0; jv < full; jv++) lo = _mm512_min_ps(lo, _mm512_load_ps(sr + jv * 16));
+    if (nk % 16) lo = _mm512_mask_min_ps(lo, tail, lo, _mm512_load_ps(sr + full * 16));
+    return c * _mm512_reduce_min_ps(lo);
 }
 
-/* The row's unnormalised weights exp2(sr - mx), rounded to bfloat16 into pr (0 past nk, to an even
+/* The row's unnormalised weights exp2(c sr - mx), rounded to bfloat16 into pr (0 past nk, to an even
    number of 16-blocks); returns their float32 sum. */
-static inline float weights_row(const float *sr, int njb, int nk, float mx, uint16_t *pr)
+static inline float weights_row(const float *sr, int njb, int nk, __m512 cs, float mx, uint16_t *pr)
 {
+    const int full = nk / 16;
+    const __m512 m = _mm512_set1_ps(mx);
     __m512 sum = _mm512_setzero_ps();
-    for (int jv = 0; jv < njb; jv++) {
-        const __m512 e = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_sub_ps(_mm512_load_ps(sr + jv * 16),
-                                                                                _mm512_set1_ps(mx))));
+    for (int jv = 0; jv < full; jv++) {
+        const __m512 e = exp2_quick_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, m));
         sum = _mm512_add_ps(sum, e);
         _mm256_storeu_si256((__m256i *)(pr + jv * 16), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    if (nk % 16) {
+        const __m512 e = _mm512_maskz_mov_ps(lanes(nk, full), exp2_quick_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + full * 16), cs, m)));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256((__m256i *)(pr + full * 16), (__m256i)_mm512_cvtneps_pbh(e));
     }
     if (njb & 1) _mm256_storeu_si256((__m256i *)(pr + njb * 16), _mm256_setzero_si256());
     return _mm512_reduce_add_ps(sum);
@@ -226,10 +236,10 @@ static void head_forward_short(const uint16_t *q, int64_t sq, const uint16_t *k,
                which are never stored. Columns past nk get weight 0 (and v's padding rows are 0). */
             for (int r = 0; r < rows; r++) {
                 float *sr = s + r * MAXK;
-                const float mx = scale_row(sr, njb, nk, cs);
+                const float mx = row_max(sr, nk, c);
                 touch_step();
                 w->mx[r] = mx;
-                w->sum[r] = weights_row(sr, njb, nk, mx, w->p + (int64_t)(i0 + r) * lk);
+                w->sum[r] = weights_row(sr, njb, nk, cs, mx, w->p + (int64_t)(i0 + r) * lk);
             }
             /* The block's 16 reciprocals and log-sum-exps at once, off the rows' chain of reductions. */
             const __mmask16 m = lanes(rows, 0);
@@ -277,10 +287,10 @@ static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, 
                 for (int r = 0; r < rows; r++) {
                     float *sr = s + r * MAXK;
                     uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
-                    const float old = w->mx[i0 + r], block = scale_row(sr, njb, kn, cs);
+                    const float old = w->mx[i0 + r], block = row_max(sr, kn, c);
                     touch_step();
                     const float mx = old > block ? old : block;
-                    const float total = weights_row(sr, njb, kn, mx, pr);
+                    const float total = weights_row(sr, njb, kn, cs, mx, pr);
                     const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
                     w->alpha[i0 + r] = alpha;
                     w->sum[i0 + r] = w->sum[i0 + r] * alpha + total;
@@ -354,7 +364,7 @@ static void head_backward_short(const uint16_t *q, int64_t sq, const uint16_t *k
             touch_step();
             __m512 acc = _mm512_setzero_ps();
             for (int jv = 0; jv < njb; jv++) {
-                __m512 pr = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
+                __m512 pr = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_quick_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
                 _mm512_store_ps(sr + jv * 16, pr);
                 _mm256_store_si256((__m256i *)(p + r * lk + jv * 16), (__m256i)_mm512_cvtneps_pbh(pr));
                 acc = _mm512_fmadd_ps(pr, _mm512_load_ps(dpr + jv * 16), acc);
@@ -430,7 +440,7 @@ static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k,
                         touch_step();
                         __m512 acc = _mm512_setzero_ps();
                         for (int jv = 0; jv < njb; jv++) {
-                            const __m512 pr = _mm512_maskz_mov_ps(lanes(kn, jv), exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
+                            const __m512 pr = _mm512_maskz_mov_ps(lanes(kn, jv), exp2_quick_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
                             if (!pass) {
                                 acc = _mm512_fmadd_ps(pr, _mm512_load_ps(dpr + jv * 16), acc);
                                 continue;

@@ -22,6 +22,24 @@ static inline __m512 exp2_ps(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/* exp2_ps with a degree-5 polynomial for 2^f, fitted for relative error (9e-8 at most; 2.0 ulps
+   measured over [-125, 0], 8% less time). For the bfloat16 attention, whose weights are rounded to
+   bfloat16 (3.9e-3) before they are used: the float32 kernel keeps exp2_ps, whose outputs match timm's
+   float32 ones to 1e-5 and with this one came out 1.01e-5 off in one element. */
+static inline __m512 exp2_quick_ps(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.326473978e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671512783e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550733701e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402224208e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469776e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 /* log2(x) for positive normal x, within 1.3e-7 max(|log2 x|, 1) (measured over 2^-125 .. 2^125; float32's
    rounding alone is 6e-8 |log2 x|): x = m 2^e with m in [0.75, 1.5), and ln m = 2 atanh(z) with
    z = (m - 1) / (m + 1), |z| <= 0.2, from its series to z^9 (the next term is below 2e-9). */
