@@ -7,6 +7,7 @@
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
+    python benchmarks/ab_kernels.py --part add-norm --inference --model vit_small_patch16_224 --batch 64 --steps 2
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
@@ -19,6 +20,9 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
 - `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32
   stream in one pass (off: `x + y`, which first copies y to float32);
+- `add-norm`: vitscope/fused_add_norm.py, a block's first residual add and norm2 in one pass, and in
+  inference the second residual into that sum in place (off: the residual and LayerNorm kernels apart;
+  switching either of those off switches this off too);
 - `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
   backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
   cannot run);
@@ -26,7 +30,7 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   the two modules);
 - `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
   weight gradients where the output is small (off: oneDNN's matmul);
-- `all`: the seven together.
+- `all`: the eight together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
@@ -48,6 +52,7 @@ from _machine import machine_header  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
 from vitscope import (  # noqa: E402
     allocator,
+    fused_add_norm,
     fused_bn_gelu,
     fused_gelu,
     fused_layer_norm,
@@ -62,7 +67,7 @@ from vitscope.models import create_model  # noqa: E402
 SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
             "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
             "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
-            "weight-grad": (fused_linear, "_native_weight_grad")}
+            "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

@@ -9,6 +9,7 @@ import torch
 
 from vitscope import (
     bench,
+    fused_add_norm,
     fused_bn_gelu,
     fused_gelu,
     fused_layer_norm,
@@ -43,7 +44,8 @@ def test_json_has_every_measurement(capsys):
 
 
 def test_pytorch_ops_switches_every_part_off_and_back():
-    owners = (short_attention, fused_mlp, fused_layer_norm, fused_residual, fused_gelu, fused_bn_gelu, fused_linear)
+    owners = (short_attention, fused_mlp, fused_layer_norm, fused_residual, fused_add_norm, fused_gelu, fused_bn_gelu,
+              fused_linear)
     before = [o.__dict__[n] for o, n in bench.SWITCHES]
     assert [o for o, _ in bench.SWITCHES] == list(owners)
     q = torch.randn(1, 2, 5, 32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitscope import fused_residual, native
+from vitscope import fused_add_norm, fused_residual, native
 from vitscope.vit import Block
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.why_not()}")
@@ -35,12 +35,25 @@ def test_only_float32_plus_contiguous_bfloat16_of_one_shape():
 @needs_kernel
 def test_block_adds_through_it_only_without_layer_scale_or_drop_path(monkeypatch):
     calls = []
-    real = fused_residual.add
-    monkeypatch.setattr(fused_residual, "add", lambda *a: calls.append(1) or real(*a))
+    for mod, name in ((fused_residual, "add"), (fused_residual, "add_"), (fused_add_norm, "add_layer_norm")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     x = torch.randn(2, 10, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        Block(64, 4)(x)
-        assert len(calls) == 2
+        Block(64, 4)(x)  # the first with norm2 (fused_add_norm), the second on its own
+        assert calls == ["add_layer_norm", "add"]
+        with torch.no_grad():
+            Block(64, 4)(x)  # nothing records: the second goes into the first's sum
+        assert calls[2:] == ["add_layer_norm", "add_"]
         Block(64, 4, init_values=1e-5)(x)  # LayerScale: x + gamma * branch, as before
         Block(64, 4, drop_path=0.5).train()(x)
-    assert len(calls) == 2
+    assert len(calls) == 4
+
+
+@needs_kernel
+def test_add_in_place_same_numbers():
+    x = torch.randn(4, 50, 128)
+    y = torch.randn(4, 50, 128).to(torch.bfloat16)
+    ref = x + y
+    out = fused_residual.add_(x, y)
+    assert out is x and torch.equal(x, ref)

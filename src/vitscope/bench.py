@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from vitscope import (
+    fused_add_norm,
     fused_bn_gelu,
     fused_gelu,
     fused_layer_norm,
@@ -36,11 +37,12 @@ from vitscope import (
 )
 
 # The checks that make each part of vitscope's fast path answer no: attention (C), the training MLP
-# (C GELU pass, multiply in fc2's backward), LayerNorm to bfloat16 (C), the residual add (C), the conv
-# stem's GELU (C table) and its BatchNorm with GELU (C), and the linear with its bias inside oneDNN's matmul.
+# (C GELU pass, multiply in fc2's backward), LayerNorm to bfloat16 (C), the residual add (C), the two
+# in one pass (C), the conv stem's GELU (C table) and its BatchNorm with GELU (C), and the linear with
+# its bias inside oneDNN's matmul.
 SWITCHES = ((short_attention, "usable"), (fused_mlp, "fusable"), (fused_layer_norm, "fusable"),
-            (fused_residual, "fusable"), (fused_gelu, "fusable"), (fused_bn_gelu, "fusable"),
-            (fused_linear, "fusable"))
+            (fused_residual, "fusable"), (fused_add_norm, "fusable"), (fused_gelu, "fusable"),
+            (fused_bn_gelu, "fusable"), (fused_linear, "fusable"))
 
 
 @contextlib.contextmanager
@@ -78,8 +80,8 @@ def kernel_states() -> list[tuple[str, str]]:
         name = f"attention, {str(dtype).removeprefix('torch.')}"
         rows.append((name, f"on ({kernel.isa} build)" if kernel else f"off: {short_attention.why_not(dtype)}"))
     why = native.why_not("avx512_bf16")
-    for part in ("bfloat16 training MLP", "LayerNorm to bfloat16", "residual add", "GELU table, bfloat16",
-                 "BatchNorm + GELU (conv stem)"):
+    for part in ("bfloat16 training MLP", "LayerNorm to bfloat16", "residual add", "residual add + LayerNorm",
+                 "GELU table, bfloat16", "BatchNorm + GELU (conv stem)"):
         rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
     if why is None and fused_linear._cpu_has_amx():
         why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"

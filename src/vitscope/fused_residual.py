@@ -45,3 +45,11 @@ class _Add(torch.autograd.Function):
 def add(x: Tensor, y: Tensor) -> Tensor:
     """x + y, x float32 and y bfloat16 of one shape -> float32. Call it only where `fusable(x, y)` says."""
     return _Add.apply(x, y)
+
+
+def add_(x: Tensor, y: Tensor) -> Tensor:
+    """x += y in place, x float32 and y bfloat16 of one shape; returns x. For a stream that nothing else
+    holds, where autograd records nothing: call it only where `fusable(x, y)` says and neither tensor
+    needs a gradient. In place, the sum's pass writes the lines it has just read instead of fresh ones."""
+    native.library().vs_add_bf16(x.data_ptr(), y.data_ptr(), x.data_ptr(), x.numel(), torch.get_num_threads())
+    return x

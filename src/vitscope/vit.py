@@ -15,7 +15,15 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from vitscope import fused_bn_gelu, fused_gelu, fused_layer_norm, fused_linear, fused_mlp, fused_residual
+from vitscope import (
+    fused_add_norm,
+    fused_bn_gelu,
+    fused_gelu,
+    fused_layer_norm,
+    fused_linear,
+    fused_mlp,
+    fused_residual,
+)
 from vitscope.attention import MultiHeadAttention
 from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
@@ -201,18 +209,41 @@ class Block(nn.Module):
         return norm(x)
 
     @staticmethod
-    def _residual(x: Tensor, branch: Tensor, ls: nn.Module, drop_path: DropPath) -> Tensor:
+    def _plain_residual(ls: nn.Module, drop_path: DropPath) -> bool:
+        """Whether the residual's branch goes in as it is: no LayerScale, no stochastic depth, nothing hooked."""
+        return type(ls) is nn.Identity and (drop_path.p == 0.0 or not drop_path.training) and not _has_hooks(drop_path)
+
+    @staticmethod
+    def _residual(x: Tensor, branch: Tensor, ls: nn.Module, drop_path: DropPath, *, own_x: bool = False) -> Tensor:
         """x + drop_path(ls(branch)); a bfloat16 branch with neither is added in one pass
-        (vitscope/fused_residual.py)."""
-        if type(ls) is nn.Identity and (drop_path.p == 0.0 or not drop_path.training) and not _has_hooks(drop_path) \
-                and fused_residual.fusable(x, branch):
+        (vitscope/fused_residual.py), into x itself where `own_x` (nothing else holds x) and autograd
+        records nothing."""
+        if Block._plain_residual(ls, drop_path) and fused_residual.fusable(x, branch):
+            if own_x and not (torch.is_grad_enabled() and (x.requires_grad or branch.requires_grad)):
+                return fused_residual.add_(x, branch)
             return fused_residual.add(x, branch)
         return x + drop_path(ls(branch))
+
+    def _add_norm(self, x: Tensor, branch: Tensor) -> tuple[Tensor, Tensor] | None:
+        """(x + branch, norm2 of it in bfloat16) in one pass (vitscope/fused_add_norm.py) where the residual
+        and norm2 would both run vitscope's kernels and nothing hooked could see the sum's float32
+        LayerNorm; else None."""
+        mlp = self.mlp
+        if (self._plain_residual(self.ls1, self.drop_path1) and type(mlp) is Mlp and type(mlp.fc1) is Linear
+                and not (_has_hooks(self.norm2) or _has_hooks(mlp) or _has_hooks(mlp.fc1) or _has_global_hooks())
+                and fused_add_norm.fusable(x, branch, self.norm2)):
+            return fused_add_norm.add_layer_norm(x, branch, self.norm2)
+        return None
 
     def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
         """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
         attn = self.attn(self._norm(self.norm1, x, self.attn), queries=queries)
-        x = self._residual(x if queries is None else x[:, :queries], attn, self.ls1, self.drop_path1)
+        x = x if queries is None else x[:, :queries]
+        fused = self._add_norm(x, attn)
+        if fused is not None:  # x + attn is this block's own tensor: the MLP's residual may go into it
+            x, h = fused
+            return self._residual(x, self.mlp(h), self.ls2, self.drop_path2, own_x=True)
+        x = self._residual(x, attn, self.ls1, self.drop_path1)
         return self._residual(x, self.mlp(self._norm(self.norm2, x, self.mlp)), self.ls2, self.drop_path2)
 
 

@@ -204,6 +204,10 @@ def _load() -> ctypes.CDLL | None:
     for ln in (lib.vs_layer_norm_bwd, lib.vs_layer_norm_bf16_bwd):
         ln.argtypes = [p, p, p, p, p, p, p, i64, i64, i32]
         ln.restype = None
+    lib.vs_add_layer_norm_fwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, f32, i32]
+    lib.vs_add_layer_norm_fwd.restype = None
+    lib.vs_add_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i32]
+    lib.vs_add_layer_norm_bwd.restype = None
     lib.vs_add_bf16.argtypes = [p, p, p, i64, i32]
     lib.vs_add_bf16.restype = None
     lib.vs_weight_grad_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, p, p, p, p, i32]

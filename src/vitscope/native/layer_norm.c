@@ -42,7 +42,10 @@ static inline __attribute__((always_inline)) void store_x(void *x, int bf, int64
         _mm512_mask_storeu_ps((float *)x + i, k, v);
 }
 
-static inline __attribute__((always_inline)) void ln_fwd(const void *x, int bf, const float *gamma, const float *beta,
+/* With `branch` (bfloat16), the row is first x + branch, written to `sum` (float32) and normalised from
+   there while it is in cache; mean and rstd may be NULL (inference). */
+static inline __attribute__((always_inline)) void ln_fwd(const void *x, int bf, const uint16_t *branch, float *sum,
+                                                        const float *gamma, const float *beta,
                                                         uint16_t *y, float *mean, float *rstd, int64_t rows, int64_t c,
                                                         float eps, int threads)
 {
@@ -52,23 +55,33 @@ static inline __attribute__((always_inline)) void ln_fwd(const void *x, int bf, 
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             const int64_t xr = r * c;
+            const void *src = x;  /* the row LayerNorm reads: x, or the sum just written */
+            int sbf = bf;
             __m512 s = _mm512_setzero_ps();
-            for (int64_t j = 0; j < c; j += 16) s = _mm512_add_ps(s, load_x(x, bf, xr + j, tail(c, j)));
+            if (branch) {
+                for (int64_t j = 0; j < c; j += 16) {
+                    const __mmask16 k = tail(c, j);
+                    const __m512 v = _mm512_add_ps(load_x(x, bf, xr + j, k), load_bf16(branch + xr + j, k));
+                    _mm512_mask_storeu_ps(sum + xr + j, k, v);
+                    s = _mm512_add_ps(s, v);
+                }
+                src = sum, sbf = 0;
+            } else
+                for (int64_t j = 0; j < c; j += 16) s = _mm512_add_ps(s, load_x(x, bf, xr + j, tail(c, j)));
             const float mu = _mm512_reduce_add_ps(s) / (float)c;
             const __m512 m = _mm512_set1_ps(mu);
             __m512 v = _mm512_setzero_ps();
             for (int64_t j = 0; j < c; j += 16) {
                 __mmask16 k = tail(c, j);
-                __m512 dlt = _mm512_maskz_sub_ps(k, load_x(x, bf, xr + j, k), m);
+                __m512 dlt = _mm512_maskz_sub_ps(k, load_x(src, sbf, xr + j, k), m);
                 v = _mm512_fmadd_ps(dlt, dlt, v);
             }
             const float rs = 1.0f / sqrtf(_mm512_reduce_add_ps(v) / (float)c + eps);
-            mean[r] = mu;
-            rstd[r] = rs;
+            if (mean) mean[r] = mu, rstd[r] = rs;
             const __m512 rv = _mm512_set1_ps(rs);
             for (int64_t j = 0; j < c; j += 16) {
                 __mmask16 k = tail(c, j);
-                __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load_x(x, bf, xr + j, k), m), rv);
+                __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load_x(src, sbf, xr + j, k), m), rv);
                 __m512 out = _mm512_fmadd_ps(xh, _mm512_maskz_loadu_ps(k, gamma + j), _mm512_maskz_loadu_ps(k, beta + j));
                 _mm256_mask_storeu_epi16(y + r * c + j, k, (__m256i)_mm512_cvtneps_pbh(out));
             }
@@ -77,9 +90,11 @@ static inline __attribute__((always_inline)) void ln_fwd(const void *x, int bf, 
     }
 }
 
+/* With `dsum` (float32, x float32), dx is that gradient plus LayerNorm's: the backward of ln_fwd with a
+   branch, whose sum also reached the rest of the model. */
 static inline __attribute__((always_inline)) void ln_bwd(const uint16_t *dy, const void *x, int bf, const float *gamma,
-                                                        const float *mean, const float *rstd, void *dx, float *partial,
-                                                        int64_t rows, int64_t c, int threads)
+                                                        const float *mean, const float *rstd, const float *dsum, void *dx,
+                                                        float *partial, int64_t rows, int64_t c, int threads)
 {
 #pragma omp parallel num_threads(threads)
     {
@@ -111,6 +126,7 @@ static inline __attribute__((always_inline)) void ln_bwd(const uint16_t *dy, con
                 __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load_x(x, bf, xr + j, k), m), rv);
                 __m512 dxh = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(k, gamma + j));
                 __m512 out = _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(dxh, ma), _mm512_mul_ps(xh, mb)));
+                if (dsum) out = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dsum + xr + j), out);
                 store_x(dx, bf, xr + j, k, out);
             }
         }
@@ -121,23 +137,39 @@ static inline __attribute__((always_inline)) void ln_bwd(const uint16_t *dy, con
 void vs_layer_norm_fwd(const float *x, const float *gamma, const float *beta, uint16_t *y, float *mean, float *rstd,
                        int64_t rows, int64_t c, float eps, int threads)
 {
-    ln_fwd(x, 0, gamma, beta, y, mean, rstd, rows, c, eps, threads);
+    ln_fwd(x, 0, NULL, NULL, gamma, beta, y, mean, rstd, rows, c, eps, threads);
 }
 
 void vs_layer_norm_bf16_fwd(const uint16_t *x, const float *gamma, const float *beta, uint16_t *y, float *mean,
                             float *rstd, int64_t rows, int64_t c, float eps, int threads)
 {
-    ln_fwd(x, 1, gamma, beta, y, mean, rstd, rows, c, eps, threads);
+    ln_fwd(x, 1, NULL, NULL, gamma, beta, y, mean, rstd, rows, c, eps, threads);
 }
 
 void vs_layer_norm_bwd(const uint16_t *dy, const float *x, const float *gamma, const float *mean, const float *rstd,
                        float *dx, float *partial, int64_t rows, int64_t c, int threads)
 {
-    ln_bwd(dy, x, 0, gamma, mean, rstd, dx, partial, rows, c, threads);
+    ln_bwd(dy, x, 0, gamma, mean, rstd, NULL, dx, partial, rows, c, threads);
 }
 
 void vs_layer_norm_bf16_bwd(const uint16_t *dy, const uint16_t *x, const float *gamma, const float *mean,
                             const float *rstd, uint16_t *dx, float *partial, int64_t rows, int64_t c, int threads)
 {
-    ln_bwd(dy, x, 1, gamma, mean, rstd, dx, partial, rows, c, threads);
+    ln_bwd(dy, x, 1, gamma, mean, rstd, NULL, dx, partial, rows, c, threads);
+}
+
+/* sum = x + branch (float32 + bfloat16, as vs_add_bf16) and y = LayerNorm(sum) in bfloat16, in one pass over
+   the rows: the residual add and the LayerNorm after it. mean and rstd: NULL in inference. */
+void vs_add_layer_norm_fwd(const float *x, const uint16_t *branch, float *sum, const float *gamma, const float *beta,
+                           uint16_t *y, float *mean, float *rstd, int64_t rows, int64_t c, float eps, int threads)
+{
+    ln_fwd(x, 0, branch, sum, gamma, beta, y, mean, rstd, rows, c, eps, threads);
+}
+
+/* Its backward: dx = dsum + LayerNorm's input gradient from dy (the branch's gradient is dx too). */
+void vs_add_layer_norm_bwd(const uint16_t *dy, const float *sum, const float *gamma, const float *mean,
+                           const float *rstd, const float *dsum, float *dx, float *partial, int64_t rows, int64_t c,
+                           int threads)
+{
+    ln_bwd(dy, sum, 0, gamma, mean, rstd, dsum, dx, partial, rows, c, threads);
 }

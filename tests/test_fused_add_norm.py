@@ -1,0 +1,160 @@
+"""The residual add and the LayerNorm after it in one pass, against the two kernels apart and PyTorch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from vitscope import fused_add_norm, fused_layer_norm, fused_residual, native
+from vitscope.vit import Block
+
+BF = torch.bfloat16
+needs_kernel = pytest.mark.skipif(native.why_not("avx512_bf16") is not None,
+                                  reason=f"bfloat16 kernels unavailable: {native.why_not('avx512_bf16')}")
+
+
+def _norm(c, seed=0):
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(c, eps=1e-6)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
+    return norm
+
+
+def _inputs(shape, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen) * 3 + 1
+    branch = (torch.randn(shape, generator=gen) * 2).to(BF)
+    return x, branch
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(3, 37, 384), (2, 50, 128), (5, 40), (1, 3, 7)])
+def test_same_numbers_and_gradients_as_the_two_kernels(shape):
+    """The sum and the normalised rows are bit for bit the residual kernel's and the LayerNorm kernel's;
+    so are all four gradients, the sum's own gradient added to LayerNorm's in the same pass."""
+    norm = _norm(shape[-1])
+    x, branch = _inputs(shape)
+    gen = torch.Generator().manual_seed(2)
+    ds, dy = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen).to(BF)
+    with torch.autocast("cpu", dtype=BF):
+        assert fused_add_norm.fusable(x, branch, norm)
+        xa, ba = x.clone().requires_grad_(), branch.clone().requires_grad_()
+        s, y = fused_add_norm.add_layer_norm(xa, ba, norm)
+        torch.autograd.backward([s, y], [ds, dy])
+        ours = (s.detach(), y.detach(), xa.grad, ba.grad, norm.weight.grad.clone(), norm.bias.grad.clone())
+        norm.zero_grad()
+        xb, bb = x.clone().requires_grad_(), branch.clone().requires_grad_()
+        s2 = fused_residual.add(xb, bb)
+        y2 = fused_layer_norm.layer_norm(s2, norm)
+        torch.autograd.backward([s2, y2], [ds, dy])
+        theirs = (s2.detach(), y2.detach(), xb.grad, bb.grad, norm.weight.grad, norm.bias.grad)
+    assert s.dtype == torch.float32 and y.dtype == BF and ba.grad.dtype == BF
+    for name, a, b in zip(["sum", "out", "dx", "dbranch", "dweight", "dbias"], ours, theirs):
+        assert torch.equal(a, b), name
+
+
+@needs_kernel
+def test_close_to_float64():
+    """Against the same add and LayerNorm in float64: the output within bfloat16's rounding, the input
+    gradient within float32 summation error."""
+    norm = _norm(384)
+    x, branch = _inputs((2, 50, 384))
+    dy = torch.randn(2, 50, 384).to(BF)
+    with torch.autocast("cpu", dtype=BF):
+        xa = x.clone().requires_grad_()
+        s, y = fused_add_norm.add_layer_norm(xa, branch, norm)
+        y.backward(dy)
+    x64 = x.double().requires_grad_()
+    ref = nn.functional.layer_norm(x64 + branch.double(), (384,), norm.weight.double(), norm.bias.double(), 1e-6)
+    ref.backward(dy.double())
+    assert torch.equal(s, x + branch.float())
+    assert ((y.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-6).all()  # half a bfloat16 ulp, and float32's
+    assert (xa.grad.double() - x64.grad).abs().max() / x64.grad.abs().max() < 1e-5
+
+
+@needs_kernel
+def test_inference_needs_no_statistics():
+    norm = _norm(128)
+    x, branch = _inputs((4, 9, 128))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
+        s, y = fused_add_norm.add_layer_norm(x, branch, norm)
+        ref = fused_layer_norm.layer_norm(fused_residual.add(x, branch), norm)
+    assert torch.equal(y, ref) and torch.equal(s, x + branch.float())
+
+
+def test_only_where_both_kernels_would_run():
+    norm = _norm(64)
+    x, branch = _inputs((4, 8, 64))
+    assert not fused_add_norm.fusable(x, branch, norm)  # no autocast
+    with torch.autocast("cpu", dtype=BF):
+        assert not fused_add_norm.fusable(x.to(BF), branch, norm)  # a bfloat16 stream
+        assert not fused_add_norm.fusable(x, branch.float(), norm)
+        assert not fused_add_norm.fusable(x[:, :1], branch[:, :1], norm)  # not contiguous
+        assert not fused_add_norm.fusable(x, branch, nn.LayerNorm(64, elementwise_affine=False))
+        assert not fused_add_norm.fusable(x, branch, nn.RMSNorm(64))
+
+
+def _block(seed=0):
+    torch.manual_seed(seed)
+    block = Block(128, 4)
+    for p in block.parameters():
+        nn.init.normal_(p, std=0.1)
+    return block
+
+
+@needs_kernel
+def test_block_training_same_as_without_it(monkeypatch):
+    """A block's output and every gradient are the same with the fused add and norm as with the residual
+    and LayerNorm kernels apart."""
+    block = _block()
+    other = copy.deepcopy(block)
+    x = torch.randn(3, 20, 128)
+    g = torch.randn(3, 20, 128)
+    calls = []
+    real = fused_add_norm.add_layer_norm
+    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a: calls.append(1) or real(*a))
+    with torch.autocast("cpu", dtype=BF):
+        xa = x.clone().requires_grad_()
+        out = block(xa)
+        out.backward(g)
+        assert len(calls) == 1
+        monkeypatch.setattr(fused_add_norm, "fusable", lambda *a: False)
+        xb = x.clone().requires_grad_()
+        ref = other(xb)
+        ref.backward(g)
+    assert len(calls) == 1 and torch.equal(out, ref) and torch.equal(xa.grad, xb.grad)
+    for (name, p), q in zip(block.named_parameters(), other.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@needs_kernel
+def test_block_inference_adds_in_place_into_its_own_sum_only(monkeypatch):
+    """In inference the MLP's residual goes into the block's own x + attn, never into the block's input;
+    the output is the same as without the fusion."""
+    block = _block().eval()
+    x = torch.randn(2, 20, 128)
+    kept = x.clone()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
+        out = block(x)
+        monkeypatch.setattr(fused_add_norm, "fusable", lambda *a: False)
+        ref = block(x)
+    assert torch.equal(x, kept) and torch.equal(out, ref)
+
+
+@needs_kernel
+def test_block_keeps_them_apart_where_hooks_watch(monkeypatch):
+    calls = []
+    real = fused_add_norm.add_layer_norm
+    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a: calls.append(1) or real(*a))
+    block = _block()
+    seen = []
+    block.norm2.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.autocast("cpu", dtype=BF):
+        block(torch.randn(2, 10, 128))
+        Block(128, 4, init_values=1e-5)(torch.randn(2, 10, 128))  # LayerScale on the branch
+        Block(128, 4, drop_path=0.5).train()(torch.randn(2, 10, 128))
+    assert not calls and seen == [torch.float32]
