@@ -49,6 +49,11 @@ def load_from(folder: Path):
     native._HERE = folder
     try:
         lib = native._load.__wrapped__()
+    except AttributeError as e:  # ctypes: a C function the working tree types is missing there
+        sys.exit(f"the kernels from {folder} lack a C function the working tree calls ({e}); --ref must "
+                 "have the working tree's entry points (vs_add_layer_norm_* came in ffb9873): for an older "
+                 "ref, run this script from a worktree at a commit before the new entry point, with "
+                 "PYTHONPATH=<worktree>/src")
     finally:
         native._HERE = here
     if lib is None:
