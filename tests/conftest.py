@@ -7,6 +7,15 @@ import torch
 import torch.nn.functional as F
 
 
+def random_layer_norm(c: int, seed: int = 0) -> torch.nn.LayerNorm:
+    """A LayerNorm over c features (eps 1e-6, ViT's) with random weight and bias, so that both matter."""
+    torch.manual_seed(seed)
+    norm = torch.nn.LayerNorm(c, eps=1e-6)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    return norm
+
+
 @pytest.fixture
 def vit_bf16_grads(monkeypatch):
     """grads(off=None) -> {name: gradient} for one bfloat16-autocast training step of a two-block plain

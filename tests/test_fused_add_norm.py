@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import random_layer_norm
 from vitscope import fused_add_norm, fused_layer_norm, fused_residual, native
 from vitscope.vit import Block
 
@@ -15,13 +16,6 @@ BF = torch.bfloat16
 needs_kernel = pytest.mark.skipif(native.why_not("avx512_bf16") is not None,
                                   reason=f"bfloat16 kernels unavailable: {native.why_not('avx512_bf16')}")
 
-
-def _norm(c, seed=0):
-    torch.manual_seed(seed)
-    norm = nn.LayerNorm(c, eps=1e-6)
-    nn.init.normal_(norm.weight)
-    nn.init.normal_(norm.bias)
-    return norm
 
 
 def _inputs(shape, seed=1):
@@ -36,7 +30,7 @@ def _inputs(shape, seed=1):
 def test_same_numbers_and_gradients_as_the_two_kernels(shape):
     """The sum and the normalised rows are bit for bit the residual kernel's and the LayerNorm kernel's;
     so are all four gradients, the sum's own gradient added to LayerNorm's in the same pass."""
-    norm = _norm(shape[-1])
+    norm = random_layer_norm(shape[-1])
     x, branch = _inputs(shape)
     gen = torch.Generator().manual_seed(2)
     ds, dy = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen).to(BF)
@@ -61,7 +55,7 @@ def test_same_numbers_and_gradients_as_the_two_kernels(shape):
 def test_close_to_float64():
     """Against the same add and LayerNorm in float64: the output within bfloat16's rounding, the input
     gradient within float32 summation error."""
-    norm = _norm(384)
+    norm = random_layer_norm(384)
     x, branch = _inputs((2, 50, 384))
     dy = torch.randn(2, 50, 384).to(BF)
     with torch.autocast("cpu", dtype=BF):
@@ -78,7 +72,7 @@ def test_close_to_float64():
 
 @needs_kernel
 def test_inference_needs_no_statistics():
-    norm = _norm(128)
+    norm = random_layer_norm(128)
     x, branch = _inputs((4, 9, 128))
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         s, y = fused_add_norm.add_layer_norm(x, branch, norm)
@@ -87,7 +81,7 @@ def test_inference_needs_no_statistics():
 
 
 def test_only_where_both_kernels_would_run():
-    norm = _norm(64)
+    norm = random_layer_norm(64)
     x, branch = _inputs((4, 8, 64))
     assert not fused_add_norm.fusable(x, branch, norm)  # no autocast
     with torch.autocast("cpu", dtype=BF):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import assert_grads_close
+from conftest import assert_grads_close, random_layer_norm
 from vitscope import fused_add_norm, fused_layer_norm, native
 from vitscope.vit import Block
 
@@ -16,18 +16,11 @@ needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"kernels una
 BF = torch.bfloat16
 
 
-def _norm(c, seed=0):
-    torch.manual_seed(seed)
-    norm = nn.LayerNorm(c, eps=1e-6)
-    nn.init.normal_(norm.weight)
-    nn.init.normal_(norm.bias)
-    return norm
-
 
 @needs_kernel
 @pytest.mark.parametrize("c", [128, 384, 40, 7])
 def test_output_and_gradients_match_pytorch(c):
-    norm = _norm(c)
+    norm = random_layer_norm(c)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 37, c, generator=gen) * 3 + 1
     g = torch.randn(3, 37, c, generator=gen).to(BF)
@@ -55,7 +48,7 @@ def test_output_and_gradients_match_pytorch(c):
 def test_a_bfloat16_stream_is_as_close_to_float64_as_pytorchs_bfloat16_layer_norm(c):
     """A residual stream autocast leaves in bfloat16: read as bfloat16, input gradient written as bfloat16.
     (PyTorch's bfloat16 LayerNorm sums the weight and bias gradients far less exactly: 2% of their size.)"""
-    norm = _norm(c)
+    norm = random_layer_norm(c)
     gen = torch.Generator().manual_seed(2)
     x = (torch.randn(3, 37, c, generator=gen) * 3 + 1).to(BF)
     g = torch.randn(3, 37, c, generator=gen).to(BF)
@@ -81,7 +74,7 @@ def test_a_bfloat16_stream_is_as_close_to_float64_as_pytorchs_bfloat16_layer_nor
 
 
 def test_not_fusable_outside_bf16_autocast_or_for_other_norms():
-    norm = _norm(16)
+    norm = random_layer_norm(16)
     x = torch.randn(2, 16)
     assert not fused_layer_norm.fusable(x, norm)  # no autocast: the float32 output is what the caller gets
     with torch.autocast("cpu", dtype=BF):

@@ -4,40 +4,37 @@
 
 #include <immintrin.h>
 
-/* 2^x for x <= 0, within 2.4 float32 ulps (measured over [-125, 0]). Below -125 it returns about
-   2^-125, not 0, so that no result is ever subnormal: a subnormal result costs a microcode assist,
-   which once made the attention kernel 3x slower. Callers zero the lanes that must be exactly 0. */
-static inline __m512 exp2_ps(__m512 x)
+/* 2^x for x <= 0 as 2^n p(f), n = round(x), f = x - n in [-0.5, 0.5], p's coefficients c[0 .. k) from the
+   highest power down (the last is 1). Below -125 it returns about 2^-125, not 0, so that no result is
+   ever subnormal: a subnormal result costs a microcode assist, which once made the attention kernel 3x
+   slower. Callers zero the lanes that must be exactly 0. */
+static inline __attribute__((always_inline)) __m512 exp2_poly(__m512 x, const float *c, int k)
 {
     x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.5353362e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398874e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(c[0]);
+    for (int i = 1; i < k; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
     return _mm512_scalef_ps(p, n);
 }
 
-/* exp2_ps with a degree-5 polynomial for 2^f, fitted for relative error (9e-8 at most; 2.0 ulps
-   measured over [-125, 0], 8% less time). For the bfloat16 attention, whose weights are rounded to
-   bfloat16 (3.9e-3) before they are used: the float32 kernel keeps exp2_ps, whose outputs match timm's
-   float32 ones to 1e-5 and with this one came out 1.01e-5 off in one element. */
+/* 2^x for x <= 0, within 2.4 float32 ulps (measured over [-125, 0]): degree 6. */
+static inline __m512 exp2_ps(__m512 x)
+{
+    static const float c[] = {1.5353362e-4f, 1.3398874e-3f, 9.6181291e-3f, 5.5504109e-2f, 2.4022651e-1f,
+                              6.9314718e-1f, 1.0f};
+    return exp2_poly(x, c, 7);
+}
+
+/* exp2_ps with a degree-5 polynomial fitted for relative error (9e-8 at most; 2.0 ulps measured over
+   [-125, 0], 8% less time). For the bfloat16 attention, whose weights are rounded to bfloat16 (3.9e-3)
+   before they are used: the float32 kernel keeps exp2_ps, whose outputs match timm's float32 ones to
+   1e-5 and with this one came out 1.01e-5 off in one element. */
 static inline __m512 exp2_quick_ps(__m512 x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.326473978e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671512783e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550733701e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402224208e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931469776e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    static const float c[] = {1.326473978e-3f, 9.671512783e-3f, 5.550733701e-2f, 2.402224208e-1f,
+                              6.931469776e-1f, 1.0f};
+    return exp2_poly(x, c, 6);
 }
 
 /* log2(x) for positive normal x, within 1.3e-7 max(|log2 x|, 1) (measured over 2^-125 .. 2^125; float32's
