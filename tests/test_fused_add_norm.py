@@ -152,3 +152,21 @@ def test_block_keeps_them_apart_where_hooks_watch(monkeypatch):
         Block(128, 4, init_values=1e-5)(torch.randn(2, 10, 128))  # LayerScale on the branch
         Block(128, 4, drop_path=0.5).train()(torch.randn(2, 10, 128))
     assert not calls and seen == [torch.float32]
+
+
+@needs_kernel
+def test_model_logits_and_gradients_same_as_without_it(vit_bf16_grads, monkeypatch):
+    """A whole ViT (its last block computing the class token alone) gives the same logits in inference
+    and the same gradients in training with the fusion as without."""
+    from vitscope.models import create_model
+
+    assert all(torch.equal(a, b) for a, b in zip(vit_bf16_grads().values(),
+                                                  vit_bf16_grads(off=(fused_add_norm, "fusable")).values()))
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=3).eval()
+    x = torch.randn(8, 1, 28, 28)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
+        out = model(x)
+        feats = model.forward_features(x)
+        monkeypatch.setattr(fused_add_norm, "fusable", lambda *a: False)
+        assert torch.equal(out, model(x)) and torch.equal(feats, model.forward_features(x))
