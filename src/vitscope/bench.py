@@ -222,7 +222,9 @@ def report(result: dict) -> str:
               f"torch threads {torch.get_num_threads()}",
               f"torch {torch.__version__}, vitscope {getattr(vitscope, '__version__', '?')}", "",
               "vitscope's kernels here:"]
-    lines += [f"  {name:<30} {state}" for name, state in kernel_states()]
+    states = kernel_states()
+    width = max(len(name) for name, _ in states)
+    lines += [f"  {name:<{width}}  {state}" for name, state in states]
     sets = " ".join(f"{k}={v}" for k, v in result["overrides"].items())
     lines += ["", f"{result['model']}{' ' + sets if sets else ''}, batch {result['batch']}, {result['dtype']}"
               f"{' autocast' if result['dtype'] == 'bfloat16' else ''}, {result['device']}; median of "
