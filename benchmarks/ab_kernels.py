@@ -20,9 +20,10 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
 - `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32
   stream in one pass (off: `x + y`, which first copies y to float32);
-- `add-norm`: vitscope/fused_add_norm.py, a block's first residual add and norm2 in one pass, and in
-  inference the second residual into that sum in place (off: the residual and LayerNorm kernels apart;
-  switching either of those off switches this off too);
+- `add-norm`: vitscope/fused_add_norm.py, a block's first residual add and norm2 in one pass, and its
+  second with the next block's norm1 (in a model's loop over unhooked blocks), in inference into the
+  first sum in place (off: the residual and LayerNorm kernels apart; switching either of those off
+  switches this off too);
 - `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
   backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
   cannot run);

@@ -110,7 +110,7 @@ def test_block_training_same_as_without_it(monkeypatch):
     g = torch.randn(3, 20, 128)
     calls = []
     real = fused_add_norm.add_layer_norm
-    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     with torch.autocast("cpu", dtype=BF):
         xa = x.clone().requires_grad_()
         out = block(xa)
@@ -143,7 +143,7 @@ def test_block_inference_adds_in_place_into_its_own_sum_only(monkeypatch):
 def test_block_keeps_them_apart_where_hooks_watch(monkeypatch):
     calls = []
     real = fused_add_norm.add_layer_norm
-    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     block = _block()
     seen = []
     block.norm2.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
@@ -170,3 +170,28 @@ def test_model_logits_and_gradients_same_as_without_it(vit_bf16_grads, monkeypat
         feats = model.forward_features(x)
         monkeypatch.setattr(fused_add_norm, "fusable", lambda *a: False)
         assert torch.equal(out, model(x)) and torch.equal(feats, model.forward_features(x))
+
+
+@needs_kernel
+def test_model_loop_chains_blocks_only_where_nothing_hooks_them(monkeypatch):
+    """In a model's loop each block's second residual shares a pass with the next block's norm1; a hook on
+    any block makes the loop call each block as a module again, and the hook sees every output."""
+    from vitscope.models import create_model
+
+    calls = []
+    real = fused_add_norm.add_layer_norm
+    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=3).eval()
+    x = torch.randn(4, 1, 28, 28)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
+        out = model.forward_features(x)
+        assert len(calls) == 3 + 2  # each block's first residual with norm2, and two links between blocks
+        logits = model(x)  # the last block's class token alone: its first residual reads a slice, apart
+        assert len(calls) == 5 + 2 + 2
+        seen = []
+        handle = model.blocks[1].register_forward_hook(lambda m, i, o: seen.append(o.clone()))
+        hooked, hooked_logits = model.forward_features(x), model(x)
+        handle.remove()
+    assert len(calls) == 9 + 3 + 2 and len(seen) == 2
+    assert torch.equal(out, hooked) and torch.equal(logits, hooked_logits)

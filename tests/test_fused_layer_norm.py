@@ -89,7 +89,7 @@ def test_block_uses_it_only_when_nothing_could_see_the_dtype(monkeypatch):
     real = fused_layer_norm.layer_norm
     monkeypatch.setattr(fused_layer_norm, "layer_norm", lambda *a: calls.append(1) or real(*a))
     real_add_norm = fused_add_norm.add_layer_norm  # norm2 with the residual before it: the same kernel's pass
-    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a: calls.append(1) or real_add_norm(*a))
+    monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a, **k: calls.append(1) or real_add_norm(*a, **k))
     block = Block(64, 4)
     x = torch.randn(2, 10, 64)
     with torch.autocast("cpu", dtype=BF):

@@ -37,7 +37,7 @@ def test_block_adds_through_it_only_without_layer_scale_or_drop_path(monkeypatch
     calls = []
     for mod, name in ((fused_residual, "add"), (fused_residual, "add_"), (fused_add_norm, "add_layer_norm")):
         real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     x = torch.randn(2, 10, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         Block(64, 4)(x)  # the first with norm2 (fused_add_norm), the second on its own

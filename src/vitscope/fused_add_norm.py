@@ -1,15 +1,17 @@
-"""A block's first residual add and the LayerNorm after it in one pass (CPU, bfloat16 autocast).
+"""A residual add and the LayerNorm after it in one pass (CPU, bfloat16 autocast).
 
-In a pre-norm block, `x + attn` is read at once by norm2. Done apart (fused_residual.add, then
-fused_layer_norm.layer_norm), the float32 sum is written to memory and read back; here each row is
-added, written and normalised while it is in cache (native/layer_norm.c, `vs_add_layer_norm_fwd`).
-The numbers are the same as the two kernels': the sum is the same float32 value and LayerNorm reads
-it. The backward is LayerNorm's with the sum's own gradient added in the same pass; the branch's
-gradient is that, cast to bfloat16 (add's backward).
+In a pre-norm block, `x + attn` is read at once by norm2, and `x + mlp` by the next block's norm1.
+Done apart (fused_residual.add, then fused_layer_norm.layer_norm), the float32 sum is written to memory
+and read back; here each row is added, written and normalised while it is in cache (native/layer_norm.c,
+`vs_add_layer_norm_fwd`). The numbers are the same as the two kernels': the sum is the same float32
+value and LayerNorm reads it. The backward is LayerNorm's with the sum's own gradient added in the same
+pass; the branch's gradient is that, cast to bfloat16 (add's backward).
 
-vit.Block uses it where both halves would run vitscope's kernels: the residual's branch has no
-LayerScale or stochastic depth, norm2 and the MLP's first layer are not hooked (nothing could see the
-LayerNorm's float32 output go missing), a float32 stream, under the conditions of the two kernels.
+vit.Block uses it for its first residual with norm2 and, in a model's loop over blocks nothing hooks,
+for its second residual with the next block's norm1, where both halves would run vitscope's kernels:
+the residual's branch has no LayerScale or stochastic depth, the norm and the linear layer reading it
+are not hooked (nothing could see the LayerNorm's float32 output go missing), a float32 stream, under
+the conditions of the two kernels. In inference the second sum goes into the first, in place.
 Double backward is not supported (it raises).
 """
 
@@ -30,10 +32,11 @@ def fusable(x: Tensor, branch: Tensor, norm: nn.Module) -> bool:
 
 class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    def forward(ctx, x: Tensor, branch: Tensor, weight: Tensor, bias: Tensor, eps: float,
+                out: Tensor | None) -> tuple[Tensor, Tensor]:
         c = x.shape[-1]
         rows = x.numel() // c
-        s = torch.empty_like(x)
+        s = torch.empty_like(x) if out is None else out
         y = torch.empty(x.shape, dtype=torch.bfloat16)
         keep = any(ctx.needs_input_grad)
         mean, rstd = (torch.empty(rows), torch.empty(rows)) if keep else (None, None)
@@ -58,10 +61,13 @@ class _AddLayerNorm(torch.autograd.Function):
                                                rstd.data_ptr(), ds.data_ptr(), dx.data_ptr(), partial.data_ptr(),
                                                s.numel() // c, c, threads)
         sums = partial.sum(0)
-        return dx, dx.to(torch.bfloat16), sums[0], sums[1], None
+        return dx, dx.to(torch.bfloat16), sums[0], sums[1], None, None
 
 
-def add_layer_norm(x: Tensor, branch: Tensor, norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
+def add_layer_norm(x: Tensor, branch: Tensor, norm: nn.LayerNorm, *,
+                   out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(x + branch, norm(x + branch) in bfloat16), x (..., C) float32 and branch bfloat16 of one shape.
-    Call it only where `fusable(x, branch, norm)` says."""
-    return _AddLayerNorm.apply(x, branch, norm.weight, norm.bias, float(norm.eps))
+    Call it only where `fusable(x, branch, norm)` says. `out=x` writes the sum into x itself (each row is
+    read before it is written): only where nothing else holds x and autograd records nothing, since the
+    write moves no version counter."""
+    return _AddLayerNorm.apply(x, branch, norm.weight, norm.bias, float(norm.eps), out)

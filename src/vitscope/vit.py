@@ -199,12 +199,18 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
+    @staticmethod
+    def _norm_fusable(norm: nn.Module, consumer: nn.Module) -> bool:
+        """Whether norm's output may go straight to bfloat16 for `consumer` (vitscope's attention or MLP,
+        whose first linear layer would cast it): nothing hooked could see the difference."""
+        first = getattr(consumer, "fc1" if type(consumer) is Mlp else "qkv", None)  # the layer that reads it
+        return (type(consumer) in (MultiHeadAttention, Mlp) and type(first) is Linear
+                and not (_has_hooks(norm) or _has_hooks(consumer) or _has_hooks(first) or _has_global_hooks()))
+
     def _norm(self, norm: nn.Module, x: Tensor, consumer: nn.Module) -> Tensor:
         """norm(x); under bfloat16 autocast, straight to the bfloat16 that `consumer`'s linear layer would
         cast it to (vitscope/fused_layer_norm.py), where nothing hooked could see the difference."""
-        first = getattr(consumer, "fc1" if type(consumer) is Mlp else "qkv", None)  # the layer that reads it
-        if (fused_layer_norm.fusable(x, norm) and type(consumer) in (MultiHeadAttention, Mlp) and type(first) is Linear
-                and not (_has_hooks(norm) or _has_hooks(consumer) or _has_hooks(first) or _has_global_hooks())):
+        if fused_layer_norm.fusable(x, norm) and self._norm_fusable(norm, consumer):
             return fused_layer_norm.layer_norm(x, norm)
         return norm(x)
 
@@ -219,32 +225,54 @@ class Block(nn.Module):
         (vitscope/fused_residual.py), into x itself where `own_x` (nothing else holds x) and autograd
         records nothing."""
         if Block._plain_residual(ls, drop_path) and fused_residual.fusable(x, branch):
-            if own_x and not (torch.is_grad_enabled() and (x.requires_grad or branch.requires_grad)):
+            if own_x and not _records(x, branch):
                 return fused_residual.add_(x, branch)
             return fused_residual.add(x, branch)
         return x + drop_path(ls(branch))
 
-    def _add_norm(self, x: Tensor, branch: Tensor) -> tuple[Tensor, Tensor] | None:
-        """(x + branch, norm2 of it in bfloat16) in one pass (vitscope/fused_add_norm.py) where the residual
-        and norm2 would both run vitscope's kernels and nothing hooked could see the sum's float32
-        LayerNorm; else None."""
-        mlp = self.mlp
-        if (self._plain_residual(self.ls1, self.drop_path1) and type(mlp) is Mlp and type(mlp.fc1) is Linear
-                and not (_has_hooks(self.norm2) or _has_hooks(mlp) or _has_hooks(mlp.fc1) or _has_global_hooks())
-                and fused_add_norm.fusable(x, branch, self.norm2)):
-            return fused_add_norm.add_layer_norm(x, branch, self.norm2)
+    @staticmethod
+    def _add_norm(x: Tensor, branch: Tensor, ls: nn.Module, drop_path: DropPath, norm: nn.Module,
+                  consumer: nn.Module, *, own_x: bool = False) -> tuple[Tensor, Tensor] | None:
+        """(x + branch, norm of it in bfloat16 for `consumer`) in one pass (vitscope/fused_add_norm.py) where
+        the residual and the norm would both run vitscope's kernels and nothing hooked could see the sum's
+        float32 LayerNorm, the sum written into x itself where `own_x` and autograd records nothing; else
+        None."""
+        if (Block._plain_residual(ls, drop_path) and Block._norm_fusable(norm, consumer)
+                and fused_add_norm.fusable(x, branch, norm)):
+            out = x if own_x and not _records(x, branch) else None
+            return fused_add_norm.add_layer_norm(x, branch, norm, out=out)
         return None
 
     def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
         """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
-        attn = self.attn(self._norm(self.norm1, x, self.attn), queries=queries)
+        return self.forward_chained(x, None, None, queries=queries)[0]
+
+    def forward_chained(self, x: Tensor, normed: Tensor | None, following: Block | None, *,
+                        queries: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """`forward` for a model's loop over blocks nothing hooks: `normed` is norm1(x) in bfloat16 where the
+        block before computed it (else None); with `following` (the next block) the last residual add and
+        following.norm1 run in one pass where both would run vitscope's kernels. Returns (the output,
+        following.norm1 of it in bfloat16, or None)."""
+        attn = self.attn(self._norm(self.norm1, x, self.attn) if normed is None else normed, queries=queries)
         x = x if queries is None else x[:, :queries]
-        fused = self._add_norm(x, attn)
-        if fused is not None:  # x + attn is this block's own tensor: the MLP's residual may go into it
-            x, h = fused
-            return self._residual(x, self.mlp(h), self.ls2, self.drop_path2, own_x=True)
-        x = self._residual(x, attn, self.ls1, self.drop_path1)
-        return self._residual(x, self.mlp(self._norm(self.norm2, x, self.mlp)), self.ls2, self.drop_path2)
+        fused = self._add_norm(x, attn, self.ls1, self.drop_path1, self.norm2, self.mlp)
+        if fused is None:
+            x = self._residual(x, attn, self.ls1, self.drop_path1)
+            h = self._norm(self.norm2, x, self.mlp)
+        else:
+            x, h = fused  # x + attn is this block's own tensor: the next sum may go into it
+        mlp = self.mlp(h)
+        if following is not None:
+            chained = self._add_norm(x, mlp, self.ls2, self.drop_path2, following.norm1, following.attn,
+                                     own_x=fused is not None)
+            if chained is not None:
+                return chained
+        return self._residual(x, mlp, self.ls2, self.drop_path2, own_x=fused is not None), None
+
+
+def _records(*ts: Tensor) -> bool:
+    """Whether autograd records an op on these tensors now."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
 @dataclass
@@ -412,12 +440,25 @@ class VisionTransformer(nn.Module):
         return self.pos_drop(x)
 
     # -- the model API (timm's) -----------------------------------------------------------------
+    def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
+        """x through every block, the last with `queries=last_queries`. Where every block is a vit.Block and
+        nothing is hooked on them, each block's last residual add and the next one's norm1 share a pass
+        (Block.forward_chained); otherwise each block is called as a module."""
+        blocks = list(self.blocks)
+        if not all(type(b) is Block and not _has_hooks(b) for b in blocks) or _has_global_hooks():
+            for i, block in enumerate(blocks):
+                x = block(x, queries=last_queries) if i == len(blocks) - 1 else block(x)
+            return x
+        normed = None
+        for i, block in enumerate(blocks):
+            last = i == len(blocks) - 1
+            x, normed = block.forward_chained(x, normed, None if last else blocks[i + 1],
+                                              queries=last_queries if last else None)
+        return x
+
     def forward_features(self, x: Tensor) -> Tensor:
         """All tokens after the last block and the final norm: (B, N, D)."""
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        return self.norm(self._run_blocks(self.embed(x)))
 
     def pool(self, x: Tensor) -> Tensor:
         if self.global_pool == "avg":
@@ -431,12 +472,9 @@ class VisionTransformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self._only_class_token_read():
             return self.forward_head(self.forward_features(x))
-        x = self.embed(x)
-        for block in self.blocks[:-1]:
-            x = block(x)
         # The head reads the class token alone, so the last block computes that one token's output
         # (all tokens are still its keys and values): the same logits for 1/8 fewer FLOPs at depth 6.
-        x = self.blocks[-1](x, queries=1)  # (B, 1, D)
+        x = self._run_blocks(self.embed(x), last_queries=1)  # (B, 1, D)
         return self.forward_head(self.norm(x))
 
     def _only_class_token_read(self) -> bool:
