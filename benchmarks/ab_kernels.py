@@ -8,6 +8,8 @@
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part add-norm --inference --model vit_small_patch16_224 --batch 64 --steps 2
+    python benchmarks/ab_kernels.py --part add-norm-chain --inference --model vit_tiny_patch4_28 --set mlp_ratio=4.0 \
+        --batch 256 --steps 20
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
 
 Parts (each switched off by making its `fusable`/`usable` say no):
@@ -24,6 +26,8 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   second with the next block's norm1 (in a model's loop over unhooked blocks), in inference into the
   first sum in place (off: the residual and LayerNorm kernels apart; switching either of those off
   switches this off too);
+- `add-norm-chain`: the part of `add-norm` across blocks alone (off: the model's loop calls each block
+  as a module, each block's second residual added on its own);
 - `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
   backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
   cannot run);
@@ -31,7 +35,7 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   the two modules);
 - `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
   weight gradients where the output is small (off: oneDNN's matmul);
-- `all`: the eight together.
+- `all`: the nine together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
@@ -64,11 +68,13 @@ from vitscope import (  # noqa: E402
     short_attention,
 )
 from vitscope.models import create_model  # noqa: E402
+from vitscope.vit import VisionTransformer  # noqa: E402
 
 SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusable"),
             "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
             "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
-            "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable")}
+            "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable"),
+            "add-norm-chain": (VisionTransformer, "_chainable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

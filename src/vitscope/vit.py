@@ -440,12 +440,17 @@ class VisionTransformer(nn.Module):
         return self.pos_drop(x)
 
     # -- the model API (timm's) -----------------------------------------------------------------
+    def _chainable(self) -> bool:
+        """Whether the loop over blocks may chain them (Block.forward_chained): every block a vit.Block and
+        nothing hooked on them, so no one sees a block called other than as a module."""
+        return all(type(b) is Block and not _has_hooks(b) for b in self.blocks) and not _has_global_hooks()
+
     def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
         """x through every block, the last with `queries=last_queries`. Where every block is a vit.Block and
         nothing is hooked on them, each block's last residual add and the next one's norm1 share a pass
         (Block.forward_chained); otherwise each block is called as a module."""
         blocks = list(self.blocks)
-        if not all(type(b) is Block and not _has_hooks(b) for b in blocks) or _has_global_hooks():
+        if not self._chainable():
             for i, block in enumerate(blocks):
                 x = block(x, queries=last_queries) if i == len(blocks) - 1 else block(x)
             return x
