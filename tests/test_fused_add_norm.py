@@ -195,3 +195,17 @@ def test_model_loop_chains_blocks_only_where_nothing_hooks_them(monkeypatch):
         handle.remove()
     assert len(calls) == 9 + 3 + 2 and len(seen) == 2
     assert torch.equal(out, hooked) and torch.equal(logits, hooked_logits)
+
+
+def test_model_loop_takes_blocks_of_other_kinds():
+    """A block replaced by another module makes the loop call each block as a module, with `queries` only
+    for the last block where the model's head reads the class token alone."""
+    from vitscope.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", depth=3).eval()
+    x = torch.randn(2, 1, 28, 28)
+    model.blocks[1] = nn.Identity()
+    with torch.inference_mode():
+        assert model.forward_features(x).shape == (2, 50, model.config.embed_dim)
+        assert model(x).shape == (2, 10)

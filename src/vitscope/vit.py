@@ -452,7 +452,7 @@ class VisionTransformer(nn.Module):
         blocks = list(self.blocks)
         if not self._chainable():
             for i, block in enumerate(blocks):
-                x = block(x, queries=last_queries) if i == len(blocks) - 1 else block(x)
+                x = block(x, queries=last_queries) if i == len(blocks) - 1 and last_queries else block(x)
             return x
         normed = None
         for i, block in enumerate(blocks):
