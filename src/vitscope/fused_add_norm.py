@@ -26,8 +26,7 @@ from . import fused_layer_norm, fused_residual, native
 def fusable(x: Tensor, branch: Tensor, norm: nn.Module) -> bool:
     """Whether `add_layer_norm(x, branch, norm)` may stand in for `s = x + branch; norm(s)` under bfloat16
     autocast, the norm's output cast to bfloat16: x float32, branch bfloat16, both contiguous, one shape."""
-    return (x.dtype == torch.float32 and fused_residual.fusable(x, branch)
-            and fused_layer_norm.fusable(x, norm))
+    return fused_residual.fusable(x, branch) and fused_layer_norm.fusable(x, norm)  # the first: x float32
 
 
 class _AddLayerNorm(torch.autograd.Function):

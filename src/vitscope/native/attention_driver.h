@@ -119,7 +119,6 @@ static int each_head(const job_t *j, int64_t b, int threads, void (*head)(const 
                 else touch_none();
                 head(j, bh, w);
             }
-            touch_none();
             products_off();
             subnormals_restore(csr);
         }
