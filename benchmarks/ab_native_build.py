@@ -14,6 +14,7 @@ host's speed drifts by 10-20% over minutes, more than most kernel changes are wo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,33 @@ def sources_at(ref: str, into: Path) -> Path:
                                   capture_output=True).stdout
             (into / name).write_bytes(blob)
     return into
+
+
+_DEFINITION = r"^[a-z_0-9]+\s+({})\(([^)]*)\)\s*\{{"
+_ALIAS = re.compile(r"^#define\s+(\w+)\s+(vs_\w+)\s*$", re.M)  # a header's entry point, named by its .c
+
+
+def prototypes(folder: Path) -> dict[str, tuple[str, ...]]:
+    """Each exported C function (vs_*) in `folder`'s sources, defined there or in a header under a macro's
+    name: its parameters' types, their names left out."""
+    def types(params: str) -> tuple[str, ...]:
+        return tuple(" ".join(re.sub(r"\w+\s*$", "", q).split()) for q in params.split(","))
+
+    headers = "\n".join(p.read_text() for p in sorted(folder.glob("*.h")))
+    found = {}
+    for path in sorted(folder.glob("*.c")):
+        text = path.read_text()
+        for name, params in re.findall(_DEFINITION.format(r"vs_\w+"), text, re.M):
+            found[name] = types(params)
+        for macro, name in _ALIAS.findall(text):
+            for _, params in re.findall(_DEFINITION.format(re.escape(macro)), headers, re.M)[:1]:
+                found[name] = types(params)
+    return found
+
+
+def differing(ours: dict[str, tuple[str, ...]], theirs: dict[str, tuple[str, ...]]) -> list[str]:
+    """The working tree's C functions that the other sources lack or declare with other parameter types."""
+    return sorted(name for name, types in ours.items() if theirs.get(name) != types)
 
 
 def load_from(folder: Path):
@@ -77,7 +105,14 @@ def main(argv: list[str] | None = None) -> None:
     if ours is None:
         sys.exit(f"vitscope's kernels cannot run here: {native.why_not()}")
     with tempfile.TemporaryDirectory(prefix="vitscope-ab-native-") as tmp:
-        theirs = load_from(sources_at(args.ref, Path(tmp)))
+        folder = sources_at(args.ref, Path(tmp))
+        changed = differing(prototypes(native._HERE), prototypes(folder))
+        if changed:  # ctypes would call them with the working tree's arguments, unchecked
+            sys.exit(f"{args.ref}'s kernels declare {', '.join(changed)} otherwise than the working tree, "
+                     "or lack them; the Python side calling them is the working tree's. For such a ref, run "
+                     "this script from a worktree at a commit with the ref's signatures, with "
+                     "PYTHONPATH=<worktree>/src")
+        theirs = load_from(folder)
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
     if args.inference:

@@ -123,3 +123,32 @@ def test_softmax_bound_prints_a_row_per_dtype():
     assert rows[0].startswith("| dtype | exp rate, G elements/s |")
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| float32", "| bfloat16"]
     assert all(float(row.split(" | ")[1]) > 0 for row in rows[1:])
+
+
+def test_native_build_ab_refuses_kernels_with_other_signatures(tmp_path):
+    """ab_native_build.py calls the other commit's kernels with the working tree's arguments: it finds each
+    exported function's parameter types, also for an entry point a header defines under a macro, and names
+    those that differ or are missing."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import ab_native_build as ab_native
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for folder, extra in ((ours, "uint16_t *dx_bf16, "), (theirs, "")):
+        folder.mkdir()
+        (folder / "head.h").write_text("int ENTRY(const float *q,\n          int64_t n)\n{\n    return 0;\n}\n")
+        (folder / "a.c").write_text(
+            "#define ENTRY vs_entry\n#include \"head.h\"\n"
+            f"void vs_norm_bwd(const float *x, float *dx, {extra}int64_t rows)\n{{\n}}\n"
+            "void vs_same(float *y,  int n)\n{\n}\n")
+    (theirs / "b.c").write_text("static void helper(void)\n{\n}\n")
+    found = ab_native.prototypes(ours)
+    assert found == {"vs_entry": ("const float *", "int64_t"),
+                     "vs_norm_bwd": ("const float *", "float *", "uint16_t *", "int64_t"),
+                     "vs_same": ("float *", "int")}
+    assert ab_native.differing(found, ab_native.prototypes(theirs)) == ["vs_norm_bwd"]
+    (theirs / "a.c").unlink()
+    assert ab_native.differing(found, ab_native.prototypes(theirs)) == ["vs_entry", "vs_norm_bwd", "vs_same"]
+    real = ab_native.prototypes(SCRIPT.parent.parent / "src" / "vitscope" / "native")
+    assert {"vs_attention_bf16_fwd", "vs_attention_bwd", "vs_add_layer_norm_bwd"} <= set(real)

@@ -5,7 +5,7 @@ Done apart (fused_residual.add, then fused_layer_norm.layer_norm), the float32 s
 and read back; here each row is added, written and normalised while it is in cache (native/layer_norm.c,
 `vs_add_layer_norm_fwd`). The numbers are the same as the two kernels': the sum is the same float32
 value and LayerNorm reads it. The backward is LayerNorm's with the sum's own gradient added in the same
-pass; the branch's gradient is that, cast to bfloat16 (add's backward).
+pass, which also writes the branch's gradient: the same values rounded to bfloat16 (add's backward).
 
 vit.Block uses it for its first residual with norm2 and, in a model's loop over blocks nothing hooks,
 for its second residual with the next block's norm1, where both halves would run vitscope's kernels:
@@ -55,12 +55,14 @@ class _AddLayerNorm(torch.autograd.Function):
         dy = dy.to(torch.bfloat16).contiguous()
         c, threads = s.shape[-1], torch.get_num_threads()
         dx = torch.empty_like(s)
+        dbranch = torch.empty(s.shape, dtype=torch.bfloat16)  # dx rounded, written in the same pass
         partial = torch.empty(threads, 2, c)  # each thread's sums of dy xhat and dy
         native.library().vs_add_layer_norm_bwd(dy.data_ptr(), s.data_ptr(), weight.data_ptr(), mean.data_ptr(),
-                                               rstd.data_ptr(), ds.data_ptr(), dx.data_ptr(), partial.data_ptr(),
+                                               rstd.data_ptr(), ds.data_ptr(), dx.data_ptr(), dbranch.data_ptr(),
+                                               partial.data_ptr(),
                                                s.numel() // c, c, threads)
         sums = partial.sum(0)
-        return dx, dx.to(torch.bfloat16), sums[0], sums[1], None, None
+        return dx, dbranch, sums[0], sums[1], None, None
 
 
 def add_layer_norm(x: Tensor, branch: Tensor, norm: nn.LayerNorm, *,

@@ -206,7 +206,7 @@ def _load() -> ctypes.CDLL | None:
         ln.restype = None
     lib.vs_add_layer_norm_fwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, f32, i32]
     lib.vs_add_layer_norm_fwd.restype = None
-    lib.vs_add_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, p, i64, i64, i32]
+    lib.vs_add_layer_norm_bwd.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i32]
     lib.vs_add_layer_norm_bwd.restype = None
     lib.vs_add_bf16.argtypes = [p, p, p, i64, i32]
     lib.vs_add_bf16.restype = None

@@ -91,10 +91,12 @@ static inline __attribute__((always_inline)) void ln_fwd(const void *x, int bf, 
 }
 
 /* With `dsum` (float32, x float32), dx is that gradient plus LayerNorm's: the backward of ln_fwd with a
-   branch, whose sum also reached the rest of the model. */
+   branch, whose sum also reached the rest of the model. With `dx_bf16`, dx is also written there rounded
+   to bfloat16 (the branch's gradient), from the same registers. */
 static inline __attribute__((always_inline)) void ln_bwd(const uint16_t *dy, const void *x, int bf, const float *gamma,
                                                         const float *mean, const float *rstd, const float *dsum, void *dx,
-                                                        float *partial, int64_t rows, int64_t c, int threads)
+                                                        uint16_t *dx_bf16, float *partial, int64_t rows, int64_t c,
+                                                        int threads)
 {
 #pragma omp parallel num_threads(threads)
     {
@@ -128,6 +130,7 @@ static inline __attribute__((always_inline)) void ln_bwd(const uint16_t *dy, con
                 __m512 out = _mm512_mul_ps(rv, _mm512_sub_ps(_mm512_sub_ps(dxh, ma), _mm512_mul_ps(xh, mb)));
                 if (dsum) out = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dsum + xr + j), out);
                 store_x(dx, bf, xr + j, k, out);
+                if (dx_bf16) store_x(dx_bf16, 1, xr + j, k, out);
             }
         }
         subnormals_restore(csr);
@@ -149,13 +152,13 @@ void vs_layer_norm_bf16_fwd(const uint16_t *x, const float *gamma, const float *
 void vs_layer_norm_bwd(const uint16_t *dy, const float *x, const float *gamma, const float *mean, const float *rstd,
                        float *dx, float *partial, int64_t rows, int64_t c, int threads)
 {
-    ln_bwd(dy, x, 0, gamma, mean, rstd, NULL, dx, partial, rows, c, threads);
+    ln_bwd(dy, x, 0, gamma, mean, rstd, NULL, dx, NULL, partial, rows, c, threads);
 }
 
 void vs_layer_norm_bf16_bwd(const uint16_t *dy, const uint16_t *x, const float *gamma, const float *mean,
                             const float *rstd, uint16_t *dx, float *partial, int64_t rows, int64_t c, int threads)
 {
-    ln_bwd(dy, x, 1, gamma, mean, rstd, NULL, dx, partial, rows, c, threads);
+    ln_bwd(dy, x, 1, gamma, mean, rstd, NULL, dx, NULL, partial, rows, c, threads);
 }
 
 /* sum = x + branch (float32 + bfloat16, as vs_add_bf16) and y = LayerNorm(sum) in bfloat16, in one pass over
@@ -166,10 +169,11 @@ void vs_add_layer_norm_fwd(const float *x, const uint16_t *branch, float *sum, c
     ln_fwd(x, 0, branch, sum, gamma, beta, y, mean, rstd, rows, c, eps, threads);
 }
 
-/* Its backward: dx = dsum + LayerNorm's input gradient from dy (the branch's gradient is dx too). */
+/* Its backward: dx = dsum + LayerNorm's input gradient from dy, and the branch's gradient, the same values
+   rounded to bfloat16 (as add's backward casts them), into dx_bf16 in the same pass. */
 void vs_add_layer_norm_bwd(const uint16_t *dy, const float *sum, const float *gamma, const float *mean,
-                           const float *rstd, const float *dsum, float *dx, float *partial, int64_t rows, int64_t c,
-                           int threads)
+                           const float *rstd, const float *dsum, float *dx, uint16_t *dx_bf16, float *partial,
+                           int64_t rows, int64_t c, int threads)
 {
-    ln_bwd(dy, sum, 0, gamma, mean, rstd, dsum, dx, partial, rows, c, threads);
+    ln_bwd(dy, sum, 0, gamma, mean, rstd, dsum, dx, dx_bf16, partial, rows, c, threads);
 }
