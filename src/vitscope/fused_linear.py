@@ -162,14 +162,13 @@ class _LinearWithGrad(torch.autograd.Function):
     """The fused kernel forward (bias inside the matmul); the backward is AddmmBackward's matmuls."""
 
     @staticmethod
-    def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        return _KERNEL(x, weight, bias, "none", [], "")
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, weight, bias = inputs
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        # ctx in forward, not a separate setup_context: Function.apply binds the arguments by
+        # inspect.signature on every call where setup_context is defined (torch.func transforms need it,
+        # and `fusable` keeps them off this path)
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
+        return _KERNEL(x, weight, bias, "none", [], "")
 
     @staticmethod
     def backward(ctx, grad: Tensor):
