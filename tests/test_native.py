@@ -155,6 +155,30 @@ def test_torch_compile_traces_a_vit_in_one_graph(bf16):
 
 
 @pytest.mark.skipif(not native.has("avx512"), reason=f"kernels unavailable: {native.why_not('avx512')}")
+def test_a_model_compiled_before_any_eager_call_gets_the_kernels():
+    """In a fresh process, torch.compile traces the model before anything has loaded the library: the
+    kernels' availability is a constant the trace asks for (loading it), so the custom ops are in the
+    graph, with no graph break. (It used to answer no until an eager call had loaded the library.)"""
+    code = """
+import torch, torch._dynamo as dynamo
+from vitscope.models import create_model
+ops = []
+def seen(gm, example_inputs):
+    ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+    return gm
+model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+x = torch.randn(4, 1, 28, 28)
+print(dynamo.explain(model)(x).graph_break_count)
+dynamo.reset()
+torch.compile(model, backend=seen)(x)
+print(ops.count("vitscope.qkv_attention.default"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "2"]
+
+
+@pytest.mark.skipif(not native.has("avx512"), reason=f"kernels unavailable: {native.why_not('avx512')}")
 @pytest.mark.parametrize("bf16", [False, True])
 def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     """Under torch.compile the qkv attention (and in bfloat16 the training MLP) run as vitscope's custom

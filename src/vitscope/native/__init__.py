@@ -56,7 +56,6 @@ FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
 _isas: dict[str, str | None] = {}  # each instruction set: None where its kernels may run, else why not
-_loaded = False  # whether the library has loaded in this process
 
 
 def cache_dir() -> Path:
@@ -212,8 +211,6 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_add_bf16.restype = None
     lib.vs_weight_grad_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, p, p, p, p, i32]
     lib.vs_weight_grad_bf16.restype = i32
-    global _loaded
-    _loaded = True
     return lib
 
 
@@ -225,11 +222,19 @@ def library() -> ctypes.CDLL | None:
 
 def has(isa: str) -> bool:
     """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
-    has the instructions. Inside torch.compile's tracing it answers from what an earlier load found,
-    without loading (the loader's lock would break the graph at every call that asks): False where
-    nothing has loaded the library yet."""
+    has the instructions. Inside torch.compile's tracing the answer is a constant of the graph, which
+    loads the library first where nothing has (a model compiled before any eager call gets the kernels
+    too)."""
     if torch.compiler.is_compiling():
-        return _loaded and _isas.get(isa) is None
+        return _has_constant(isa)
+    return library() is not None and _isas.get(isa) is None
+
+
+@torch.compiler.assume_constant_result
+def _has_constant(isa: str) -> bool:
+    """`has(isa)` for torch.compile: Dynamo calls it while tracing and keeps its result, rather than tracing
+    into the loader (whose lock would break the graph at every call that asks). Loading once is all that
+    can change the answer, so the constant holds for the process."""
     return library() is not None and _isas.get(isa) is None
 
 
