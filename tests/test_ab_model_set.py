@@ -118,6 +118,13 @@ def test_ablation_times_the_step_without_each_part():
     assert all(len(row.split(" | ")[1].split()) == 2 for row in rows[1:])  # one figure per round
 
 
+def test_compile_ab_times_eager_and_both_compiled_graphs():
+    out, rows = _table("ab_compile.py", "--model", "vit_tiny_patch4_28", "--set", "depth=1", "--batch", "4",
+                       "--rounds", "1", "--steps", "1")
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| eager", "| compiled, vitscope's ops", "| compiled, none"]
+    assert "eager ÷ compiled, none, per round:" in out and "compiled, vitscope's ops ÷ compiled, none" in out
+
+
 def test_softmax_bound_prints_a_row_per_dtype():
     out, rows = _table("softmax_bound.py")
     assert rows[0].startswith("| dtype | exp rate, G elements/s |")
