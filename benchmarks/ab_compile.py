@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     kernels = ab.training_step(torch.compile(model()), args.batch, dtype=args.dtype)
     kernels()  # traced with the kernels' availability as it is
     without = ab.training_step(torch.compile(model()), args.batch, dtype=args.dtype)
-    ab.with_attribute(without, native, "_has_constant", lambda isa: False)()  # traced as if they were absent
+    ab.with_attribute(without, native, "has", lambda isa: False)()  # traced as if they were absent
     steps = {"eager": eager, "compiled, vitscope's ops": kernels, "compiled, none": without}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(ab.machine_header())

@@ -78,10 +78,8 @@ def load_from(folder: Path):
     try:
         lib = native._load.__wrapped__()
     except AttributeError as e:  # ctypes: a C function the working tree types is missing there
-        sys.exit(f"the kernels from {folder} lack a C function the working tree calls ({e}); --ref must "
-                 "have the working tree's entry points (vs_add_layer_norm_* came in ffb9873): for an older "
-                 "ref, run this script from a worktree at a commit before the new entry point, with "
-                 "PYTHONPATH=<worktree>/src")
+        sys.exit(f"the kernels from {folder} lack a C function the working tree calls ({e}); run this "
+                 "script from a worktree at a commit with the ref's entry points, with PYTHONPATH=<worktree>/src")
     finally:
         native._HERE = here
     if lib is None:

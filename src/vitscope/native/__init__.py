@@ -220,21 +220,13 @@ def library() -> ctypes.CDLL | None:
         return _load()
 
 
+@torch.compiler.assume_constant_result
 def has(isa: str) -> bool:
     """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
-    has the instructions. Inside torch.compile's tracing the answer is a constant of the graph, which
-    loads the library first where nothing has (a model compiled before any eager call gets the kernels
-    too)."""
-    if torch.compiler.is_compiling():
-        return _has_constant(isa)
-    return library() is not None and _isas.get(isa) is None
-
-
-@torch.compiler.assume_constant_result
-def _has_constant(isa: str) -> bool:
-    """`has(isa)` for torch.compile: Dynamo calls it while tracing and keeps its result, rather than tracing
-    into the loader (whose lock would break the graph at every call that asks). Loading once is all that
-    can change the answer, so the constant holds for the process."""
+    has the instructions. Inside torch.compile's tracing Dynamo calls it and keeps the answer as a
+    constant of the graph rather than tracing into the loader (whose lock would break the graph at every
+    call that asks); so a model compiled before any eager call loads the library and gets the kernels
+    too. Loading once is all that can change the answer, so the constant holds for the process."""
     return library() is not None and _isas.get(isa) is None
 
 
