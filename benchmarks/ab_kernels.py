@@ -6,6 +6,7 @@
     python benchmarks/ab_kernels.py --part gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
+    python benchmarks/ab_kernels.py --part conv-wgrad --model vit_fmnist_quick --batch 128 --optimizer muon
     python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part add-norm --inference --model vit_small_patch16_224 --batch 64 --steps 2
     python benchmarks/ab_kernels.py --part add-norm-chain --inference --model vit_tiny_patch4_28 --set mlp_ratio=4.0 \
@@ -35,7 +36,9 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   the two modules);
 - `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
   weight gradients where the output is small (off: oneDNN's matmul);
-- `all`: the nine together.
+- `conv-wgrad`: vitscope/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c
+  (off: oneDNN's convolution backward);
+- `all`: the ten together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
@@ -59,6 +62,7 @@ from vitscope import (  # noqa: E402
     allocator,
     fused_add_norm,
     fused_bn_gelu,
+    fused_conv,
     fused_gelu,
     fused_layer_norm,
     fused_linear,
@@ -74,7 +78,7 @@ SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusabl
             "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
             "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
             "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable"),
-            "add-norm-chain": (VisionTransformer, "_chainable")}
+            "add-norm-chain": (VisionTransformer, "_chainable"), "conv-wgrad": (fused_conv, "fusable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     ab.add_model_sets(ap)
     ap.add_argument("--part", choices=[*SWITCHES, "all"], default="all", help="which kernels to switch off in B")
     ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
+    ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                    help="the training step's optimizer (the quick preset trains with muon)")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     if native.library() is None:
@@ -100,12 +106,12 @@ def main(argv: list[str] | None = None) -> None:
         allocator.keep_freed_memory()  # as `vitscope eval` does (training_step does it too)
         step = inference_step(model.eval(), args.batch)
     else:
-        step = ab.training_step(model, args.batch)
+        step = ab.training_step(model, args.batch, args.optimizer)
     steps = {"kernels": step, "without": without(step, parts)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
-    what = "inference forward" if args.inference else "training step"
+    what = "inference forward" if args.inference else f"training step ({args.optimizer})"
     print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what}, {args.rounds} "
           f"alternating rounds of {args.steps}; B without: {', '.join(parts)}\n")
     print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in bf16 {what.split()[0]}"))

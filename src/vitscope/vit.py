@@ -18,6 +18,7 @@ from torch.nn.modules import module as torch_module
 from vitscope import (
     fused_add_norm,
     fused_bn_gelu,
+    fused_conv,
     fused_gelu,
     fused_layer_norm,
     fused_linear,
@@ -59,12 +60,15 @@ class ConvStem(nn.Sequential):
 
     def forward(self, x: Tensor) -> Tensor:
         """The modules in order; each BatchNorm with the GELU after it in one kernel where
-        vitscope/fused_bn_gelu.py allows and no hook could see between them."""
+        vitscope/fused_bn_gelu.py allows and no hook could see between them, and in training each
+        conv's weight gradient from vitscope's kernel where vitscope/fused_conv.py allows."""
         mods, i = list(self), 0
         while i < len(mods):
             if (i + 1 < len(mods) and fused_bn_gelu.fusable(x, mods[i], mods[i + 1])
                     and not (_has_hooks(mods[i]) or _has_hooks(mods[i + 1]) or _has_global_hooks())):
                 x, i = fused_bn_gelu.bn_gelu(x, mods[i]), i + 2
+            elif fused_conv.fusable(x, mods[i]) and not (_has_hooks(mods[i]) or _has_global_hooks()):
+                x, i = fused_conv.conv2d(x, mods[i]), i + 1
             else:
                 x, i = mods[i](x), i + 1
         return x

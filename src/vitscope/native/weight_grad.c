@@ -15,26 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KC = 256, RB = 4, CB = 4 };
+#include "pairs.h"
 
-/* rows r0, r0 + 1 of y (row stride ld, n columns, n % 32 == 0) interleaved into dst[r][c] = the dword
-   (y[2r][c], y[2r + 1][c]); a missing last odd row reads as zeros. */
-static void pack_pairs(const uint16_t *y, int64_t ld, int rows, int64_t n, uint32_t *dst)
-{
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int r = 0; 2 * r < rows; r++) {
-        const uint16_t *a = y + (int64_t)(2 * r) * ld, *b = a + ld;
-        const int has_b = 2 * r + 1 < rows;
-        uint32_t *d = dst + (int64_t)r * n;
-        for (int64_t c = 0; c < n; c += 32) {
-            const __m512i va = _mm512_loadu_si512(a + c), vb = has_b ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
-            _mm512_store_si512(d + c, _mm512_permutex2var_epi16(va, lo, vb));
-            _mm512_store_si512(d + c + 16, _mm512_permutex2var_epi16(va, hi, vb));
-        }
-    }
-}
+enum { KC = 256, CB = 4 };
 
 /* pack_pairs for g, then each column's sum over the rows added into sums[0 .. n) (float32): the bias
    gradient, read again from the chunk while it is in cache. */
@@ -51,29 +34,6 @@ static void pack_pairs_sum(const uint16_t *y, int64_t ld, int rows, int64_t n, u
         if (r < rows) s0 = _mm512_add_ps(s0, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i *)(y + r * ld + c))));
         _mm512_storeu_ps(sums + c, _mm512_add_ps(_mm512_loadu_ps(sums + c), _mm512_add_ps(s0, s1)));
     }
-}
-
-/* c[RB][CB·16] (row stride ldc) += the np pairs of gp's RB columns (row length o) times xp's CB tiles
-   (row length i), the RB x CB sums in registers. */
-static inline __attribute__((always_inline)) void block(const uint32_t *gp, int64_t o, const uint32_t *xp,
-                                                        int64_t i, int np, float *c, int64_t ldc)
-{
-    __m512 acc[RB][CB];
-    for (int r = 0; r < RB; r++)
-        for (int e = 0; e < CB; e++) acc[r][e] = _mm512_setzero_ps();
-    for (int p = 0; p < np; p++) {
-        __m512bh bv[CB];
-        for (int e = 0; e < CB; e++) bv[e] = (__m512bh)_mm512_load_si512(xp + (int64_t)p * i + e * 16);
-        for (int r = 0; r < RB; r++) {
-            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)gp[(int64_t)p * o + r]);
-            for (int e = 0; e < CB; e++) acc[r][e] = _mm512_dpbf16_ps(acc[r][e], av, bv[e]);
-        }
-    }
-    for (int r = 0; r < RB; r++)
-        for (int e = 0; e < CB; e++) {
-            float *out = c + r * ldc + e * 16;
-            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), acc[r][e]));
-        }
 }
 
 /* dw (o, i) bfloat16 = gᵀ x with g (m, o) and x (m, i) bfloat16 at row strides ldg and ldx; o % 32 == 0,
@@ -112,7 +72,7 @@ int vs_weight_grad_bf16(const uint16_t *g, int64_t ldg, const uint16_t *x, int64
                 }
                 pack_pairs(x + k0 * ldx, ldx, rows, i, xp);
                 for (int64_t i0 = 0; i0 < i; i0 += 16 * CB)
-                    for (int64_t o0 = 0; o0 < o; o0 += RB) block(gp + o0, o, xp + i0, i, np, c + o0 * i + i0, i);
+                    for (int64_t o0 = 0; o0 < o; o0 += RB) pairs_block(gp + o0, o, xp + i0, i, np, c + o0 * i + i0, i, CB);
             }
         }
 #pragma omp barrier

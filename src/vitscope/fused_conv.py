@@ -1,0 +1,85 @@
+"""A conv's weight gradient in vitscope's kernel, for the conv stem's bfloat16 channels-last training on CPU.
+
+The forward and the input's gradient stay oneDNN's (`F.conv2d`, and `convolution_backward` asked for
+the input's gradient alone); the weight's gradient is native/conv_weight_grad.c's, which packs each
+chunk of the im2col rows straight from the channels-last input and sums gᵀ X in AVX512-BF16, float32
+per thread, rounded once. On a Zen 4 EPYC without AMX (2 threads, batch 128) oneDNN's weight gradient
+of the quick preset's stem convs ran at 190-355 GFLOP/s alone and slower inside the training step,
+where leaving the four gradients out entirely made the step 1.36x as fast; the kernel runs them at
+320-400 (benchmarks/ab_kernels.py --part conv-wgrad measures the step).
+
+`fusable` says where it runs: a plain `nn.Conv2d` (one group, no dilation, zero padding the same on
+every side, the same stride both ways, no bias) whose weight wants a gradient, a CPU input under
+bfloat16 autocast or in bfloat16 with a bfloat16 weight, in and out channels multiples of 32, vitscope's
+kernels loaded, no AMX (oneDNN multiplies in its tiles there), outside torch.compile, tracing,
+forward-mode AD and torch.func. Double backward is not supported (it raises).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import fused_linear, native
+
+
+def fusable(x: Tensor, conv: nn.Module) -> bool:
+    """Whether `conv2d(x, conv)` may stand in for `conv(x)`, with its weight's gradient from the kernel."""
+    if type(conv) is not nn.Conv2d or conv.bias is not None or conv.groups != 1 or conv.padding_mode != "zeros":
+        return False
+    if isinstance(conv.padding, str) or len(set(conv.padding)) != 1 or len(set(conv.stride)) != 1:
+        return False
+    if conv.dilation != (1, 1) or conv.in_channels % 32 or conv.out_channels % 32:
+        return False
+    w = conv.weight
+    if not (w.requires_grad and torch.is_grad_enabled()) or x.dim() != 4 or x.shape[1] != conv.in_channels:
+        return False
+    if not fused_linear.bfloat16_inputs(x, w) or fused_linear._cpu_has_amx():
+        return False
+    return native.runnable(x, w, isa="avx512_bf16")
+
+
+def conv2d(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """`conv(x)` as bfloat16 autocast runs it, channels-last; call it only where `fusable(x, conv)`."""
+    dt, cl = torch.bfloat16, torch.channels_last
+    return _Conv2d.apply(x.to(dt).contiguous(memory_format=cl), conv.weight.to(dt).contiguous(memory_format=cl),
+                         conv.stride[0], conv.padding[0])
+
+
+class _Conv2d(torch.autograd.Function):
+    """oneDNN's forward and input gradient; the weight's gradient from native/conv_weight_grad.c."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, stride: int, pad: int) -> Tensor:
+        # x (B, C, H, W), weight (O, C, KH, KW): bfloat16, channels-last
+        ctx.save_for_backward(x, weight)
+        ctx.stride, ctx.pad = stride, pad
+        with torch.autocast("cpu", enabled=False):
+            return F.conv2d(x, weight, None, stride, pad)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        g = grad.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)  # (B, O, OH, OW)
+        gx = None
+        if ctx.needs_input_grad[0]:
+            gx = torch.ops.aten.convolution_backward(g, x, weight, None, [ctx.stride] * 2, [ctx.pad] * 2, [1, 1],
+                                                     False, [0, 0], 1, [True, False, False])[0]
+        gw = weight_grad(g, x, weight.shape, ctx.stride, ctx.pad) if ctx.needs_input_grad[1] else None
+        return gx, gw, None, None
+
+
+def weight_grad(g: Tensor, x: Tensor, shape: torch.Size, stride: int, pad: int) -> Tensor:
+    """The weight's gradient (O, C, KH, KW), channels-last bfloat16, of a conv (one group, no dilation)
+    with output gradient g (B, O, OH, OW) and input x (B, C, H, W): both bfloat16 channels-last."""
+    (n, c, h, w), (o, _, kh, kw), (oh, ow) = x.shape, shape, g.shape[2:]
+    threads = torch.get_num_threads()
+    work = torch.empty(threads, o, kh * kw * c)
+    dw = torch.empty(shape, dtype=torch.bfloat16, memory_format=torch.channels_last)
+    status = native.library().vs_conv_weight_grad_bf16(g.data_ptr(), x.data_ptr(), n, h, w, c, oh, ow, o, kh, kw,
+                                                       stride, pad, work.data_ptr(), dw.data_ptr(), threads)
+    if status != 0:
+        raise MemoryError("vitscope's conv weight-gradient kernel could not allocate its packing buffers")
+    return dw

@@ -1,0 +1,60 @@
+/* The weight-gradient kernels' shared pieces (weight_grad.c, conv_weight_grad.c), for AVX512-BF16: a sum
+   over rows of gᵀ x taken as vdpbf16ps over pairs of rows, each pair interleaved element by element
+   into the dwords the instruction multiplies and adds. */
+#ifndef VS_PAIRS_H
+#define VS_PAIRS_H
+#include <immintrin.h>
+#include <stdint.h>
+
+enum { RB = 4 };  /* g's columns (the output's rows) a block keeps in registers */
+
+/* 32 elements of row a and of row b interleaved: *lo = the dwords (a[0], b[0]) .. (a[15], b[15]),
+   *hi = (a[16], b[16]) .. (a[31], b[31]). */
+static inline __attribute__((always_inline)) void interleave(__m512i a, __m512i b, __m512i *lo, __m512i *hi)
+{
+    const __m512i l = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                       39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    *lo = _mm512_permutex2var_epi16(a, l, b);
+    *hi = _mm512_permutex2var_epi16(a, _mm512_add_epi16(l, _mm512_set1_epi16(16)), b);
+}
+
+/* rows r0, r0 + 1 of y (row stride ld, n columns, n % 32 == 0) interleaved into dst[r][c] = the dword
+   (y[2r][c], y[2r + 1][c]); a missing last odd row reads as zeros. */
+static inline void pack_pairs(const uint16_t *y, int64_t ld, int rows, int64_t n, uint32_t *dst)
+{
+    for (int r = 0; 2 * r < rows; r++) {
+        const uint16_t *a = y + (int64_t)(2 * r) * ld, *b = a + ld;
+        const int has_b = 2 * r + 1 < rows;
+        uint32_t *d = dst + (int64_t)r * n;
+        for (int64_t c = 0; c < n; c += 32) {
+            __m512i lo, hi;
+            interleave(_mm512_loadu_si512(a + c), has_b ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512(), &lo, &hi);
+            _mm512_store_si512(d + c, lo);
+            _mm512_store_si512(d + c + 16, hi);
+        }
+    }
+}
+
+/* c[RB][cb·16] (row stride ldc) += the np pairs of gp's RB columns (row length o) times xp's cb tiles of
+   16 (row length i), the RB x cb sums in registers; cb is a constant at each call (at most 4). */
+static inline __attribute__((always_inline)) void pairs_block(const uint32_t *gp, int64_t o, const uint32_t *xp,
+                                                              int64_t i, int np, float *c, int64_t ldc, const int cb)
+{
+    __m512 acc[RB][4];
+    for (int r = 0; r < RB; r++)
+        for (int e = 0; e < cb; e++) acc[r][e] = _mm512_setzero_ps();
+    for (int p = 0; p < np; p++) {
+        __m512bh bv[4];
+        for (int e = 0; e < cb; e++) bv[e] = (__m512bh)_mm512_load_si512(xp + (int64_t)p * i + e * 16);
+        for (int r = 0; r < RB; r++) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)gp[(int64_t)p * o + r]);
+            for (int e = 0; e < cb; e++) acc[r][e] = _mm512_dpbf16_ps(acc[r][e], av, bv[e]);
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        for (int e = 0; e < cb; e++) {
+            float *out = c + r * ldc + e * 16;
+            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), acc[r][e]));
+        }
+}
+#endif
