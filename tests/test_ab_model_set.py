@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_model_set.py"
 
 
@@ -123,6 +125,19 @@ def test_compile_ab_times_eager_and_both_compiled_graphs():
                        "--rounds", "1", "--steps", "1")
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| eager", "| compiled, vitscope's ops", "| compiled, none"]
     assert "eager ÷ compiled, none, per round:" in out and "compiled, vitscope's ops ÷ compiled, none" in out
+
+
+def test_conv_weight_grad_ab_times_each_stem_conv_alone_and_in_the_step():
+    from vitscope import native
+
+    if not native.has("avx512_bf16"):
+        pytest.skip(f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+    out, rows = _table("ab_conv_weight_grad.py", "--batch", "2", "--rounds", "1", "--steps", "1", "--reps", "1")
+    alone = [r for r in rows if r.split(" | ")[1][0].isdigit()][:4]
+    assert [r.split(" | ")[0] for r in alone] == ["| 32 → 64, 3×3 s2", "| 64 → 64, 3×3 s1", "| 64 → 128, 3×3 s2",
+                                                  "| 128 → 128, 3×3 s1"]
+    assert [r.split(" | ")[0] for r in rows if r.startswith(("| kernel |", "| oneDNN |"))] == ["| kernel", "| oneDNN"]
+    assert "128 → 128, 1×1 s1" in out and "step time oneDNN ÷ kernel, per round:" in out
 
 
 def test_softmax_bound_prints_a_row_per_dtype():
