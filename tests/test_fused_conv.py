@@ -31,20 +31,29 @@ def _reference(g, x, w, stride, pad):
     return dw(torch.float64), dw(BF)
 
 
-@needs_kernel
-@pytest.mark.parametrize("n,c,o,h,w,k,stride,pad", [
+SHAPES = [  # n, c, o, h, w, k, stride, pad
     (5, 32, 64, 9, 7, 3, 2, 1),     # odd rows (5·5·4 = 100: even, but the chunks split unevenly), stride 2
     (3, 64, 32, 7, 7, 3, 1, 1),     # 147 rows: the last pair has one row
     (2, 32, 32, 6, 5, 3, 1, 0),     # no padding
     (4, 96, 64, 8, 8, 1, 1, 0),     # 1 x 1: a linear map of each pixel
     (2, 32, 128, 12, 10, 2, 2, 0),  # patchify: kernel = stride
+    (3, 64, 32, 9, 8, 2, 2, 0),     # the last input column read by no output
+    (2, 32, 64, 10, 11, 5, 3, 2),   # stride 3, a 5 x 5 filter
     (7, 128, 128, 7, 7, 3, 1, 1),   # the quick preset's last stem conv, a small batch
     (1, 32, 32, 3, 3, 5, 1, 2),     # the filter wider than the image: every row pads
-])
-def test_the_weight_gradient_is_the_float64_one_rounded_once(n, c, o, h, w, k, stride, pad):
+]
+
+
+def _case(n, c, o, h, w, k, stride, pad):
     x, wt = _t(n, c, h, w), _t(o, c, k, k, seed=1)
     oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    g = _t(n, o, oh, ow, seed=2)
+    return x, wt, _t(n, o, oh, ow, seed=2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,c,o,h,w,k,stride,pad", SHAPES)
+def test_the_weight_gradient_is_the_float64_one_rounded_once(n, c, o, h, w, k, stride, pad):
+    x, wt, g = _case(n, c, o, h, w, k, stride, pad)
     ours = fused_conv.weight_grad(g, x, wt.shape, stride, pad)
     exact, onednn = _reference(g, x, wt, stride, pad)
     assert ours.dtype == BF and ours.shape == wt.shape and ours.is_contiguous(memory_format=CL)

@@ -3,10 +3,11 @@
 The forward and the input's gradient stay oneDNN's (`F.conv2d`, and `convolution_backward` asked for
 the input's gradient alone); the weight's gradient is native/conv_weight_grad.c's, which packs each
 chunk of the im2col rows straight from the channels-last input and sums gᵀ X in AVX512-BF16, float32
-per thread, rounded once. On a Zen 4 EPYC without AMX (2 threads, batch 128) oneDNN's weight gradient
-of the quick preset's stem convs ran at 190-355 GFLOP/s alone and slower inside the training step,
-where leaving the four gradients out entirely made the step 1.36x as fast; the kernel runs them at
-320-400 (benchmarks/ab_kernels.py --part conv-wgrad measures the step).
+per thread, rounded once. On a Zen 4 EPYC without AMX (2 threads, batch 128) oneDNN took the quick
+preset's stem convs' weight gradients at 95-340 GFLOP/s alone (its stride-2 ones at one of two speeds
+per process, 4 or 8.5 ms for the same call), the kernel at 330-390; the training step ran 1.03x as
+fast with it where oneDNN was at its fast speed and 1.11x where it was not
+(benchmarks/ab_conv_weight_grad.py; RESULTS.md, session 29).
 
 `fusable` says where it runs: a plain `nn.Conv2d` (one group, no dilation, zero padding the same on
 every side, the same stride both ways, no bias) whose weight wants a gradient, a CPU input under
@@ -83,3 +84,4 @@ def weight_grad(g: Tensor, x: Tensor, shape: torch.Size, stride: int, pad: int) 
     if status != 0:
         raise MemoryError("vitscope's conv weight-gradient kernel could not allocate its packing buffers")
     return dw
+
