@@ -81,17 +81,14 @@ int vs_conv_weight_grad_bf16(const uint16_t *g, const uint16_t *x, int64_t n, in
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        static __thread uint32_t *gp, *xp;  /* this thread's packed chunks of g and X, kept from call to call */
-        static __thread int64_t gcap, xcap;
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (gcap < o) { free(gp); gp = aligned_alloc(64, (size_t)KC / 2 * o * 4); gcap = gp ? o : 0; }
-        if (xcap < i) { free(xp); xp = aligned_alloc(64, (size_t)KC / 2 * i * 4); xcap = xp ? i : 0; }
+        uint32_t *gp, *xp;  /* this thread's packed chunks of g and X */
         float *acc = work + (int64_t)t * o * i;
         memset(acc, 0, (size_t)(o * i) * sizeof(float));
-        if (!gp || !xp) failed = 1;
+        if (pair_buffers(KC, o, i, &gp, &xp)) failed = 1;
         else {
-            const int64_t chunks = (m + KC - 1) / KC, per = (chunks + nt - 1) / nt;
-            const int64_t m0 = t * per * KC < m ? t * per * KC : m, m1 = (t + 1) * per * KC < m ? (t + 1) * per * KC : m;
+            int64_t m0, m1;
+            chunk_share(m, KC, t, nt, &m0, &m1);
             for (int64_t k0 = m0; k0 < m1; k0 += KC) {
                 const int rows = (int)(m1 - k0 < KC ? m1 - k0 : KC), np = (rows + 1) / 2;
                 pack_pairs(g + k0 * o, o, rows, o, gp);
@@ -104,12 +101,7 @@ int vs_conv_weight_grad_bf16(const uint16_t *g, const uint16_t *x, int64_t n, in
             }
         }
 #pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t e = 0; e < o * i; e += 16) {
-            __m512 v = _mm512_loadu_ps(work + e);
-            for (int u = 1; u < nt; u++) v = _mm512_add_ps(v, _mm512_loadu_ps(work + (int64_t)u * o * i + e));
-            _mm256_storeu_si256((__m256i *)(dw + e), (__m256i)_mm512_cvtneps_pbh(v));
-        }
+        sum_threads_bf16(work, nt, o * i, dw);
     }
     return failed ? -2 : 0;
 }

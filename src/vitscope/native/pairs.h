@@ -4,7 +4,9 @@
 #ifndef VS_PAIRS_H
 #define VS_PAIRS_H
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 enum { RB = 4 };  /* g's columns (the output's rows) a block keeps in registers */
 
@@ -56,5 +58,37 @@ static inline __attribute__((always_inline)) void pairs_block(const uint32_t *gp
             float *out = c + r * ldc + e * 16;
             _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), acc[r][e]));
         }
+}
+/* This thread's packing buffers for kc/2 pairs of rows of o and of i dwords, kept from call to call (grown when
+   a call needs more); 0, or -1 where they could not be allocated. Called inside a parallel region. */
+static inline int pair_buffers(int kc, int64_t o, int64_t i, uint32_t **gp, uint32_t **xp)
+{
+    static __thread uint32_t *g, *x;
+    static __thread int64_t gcap, xcap;
+    const int64_t gn = (int64_t)kc / 2 * o, xn = (int64_t)kc / 2 * i;
+    if (gcap < gn) { free(g); g = aligned_alloc(64, (size_t)gn * 4); gcap = g ? gn : 0; }
+    if (xcap < xn) { free(x); x = aligned_alloc(64, (size_t)xn * 4); xcap = x ? xn : 0; }
+    *gp = g, *xp = x;
+    return g && x ? 0 : -1;
+}
+
+/* Thread t's share of m rows, whole chunks of kc in order: [*m0, *m1). */
+static inline void chunk_share(int64_t m, int kc, int t, int nt, int64_t *m0, int64_t *m1)
+{
+    const int64_t chunks = (m + kc - 1) / kc, per = (chunks + nt - 1) / nt;
+    *m0 = t * per * kc < m ? t * per * kc : m;
+    *m1 = (t + 1) * per * kc < m ? (t + 1) * per * kc : m;
+}
+
+/* out[0 .. n) = the nt threads' float32 sums (work: nt x n) added and rounded to bfloat16; n % 16 == 0. The
+   threads share the elements: call it from inside the parallel region, after a barrier. */
+static inline void sum_threads_bf16(const float *work, int nt, int64_t n, uint16_t *out)
+{
+#pragma omp for schedule(static)
+    for (int64_t e = 0; e < n; e += 16) {
+        __m512 v = _mm512_loadu_ps(work + e);
+        for (int u = 1; u < nt; u++) v = _mm512_add_ps(v, _mm512_loadu_ps(work + (int64_t)u * n + e));
+        _mm256_storeu_si256((__m256i *)(out + e), (__m256i)_mm512_cvtneps_pbh(v));
+    }
 }
 #endif

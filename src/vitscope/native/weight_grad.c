@@ -47,20 +47,16 @@ int vs_weight_grad_bf16(const uint16_t *g, int64_t ldg, const uint16_t *x, int64
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        static __thread uint32_t *gp, *xp;  /* this thread's packed chunks of g and x, kept from call to call */
-        static __thread int64_t gcap, xcap;
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (gcap < o) { free(gp); gp = aligned_alloc(64, (size_t)KC / 2 * o * 4); gcap = gp ? o : 0; }
-        if (xcap < i) { free(xp); xp = aligned_alloc(64, (size_t)KC / 2 * i * 4); xcap = xp ? i : 0; }
+        uint32_t *gp, *xp;  /* this thread's packed chunks of g and x */
         float *c = work + (int64_t)t * o * i, csum[1024];
         double *bsum = db ? bwork + (int64_t)t * o : NULL;
         memset(c, 0, (size_t)(o * i) * sizeof(float));
         if (bsum) memset(bsum, 0, (size_t)o * sizeof(double));
-        if (!gp || !xp) failed = 1;
+        if (pair_buffers(KC, o, i, &gp, &xp)) failed = 1;
         else {
-            /* whole chunks per thread, in order: thread t sums rows [m0, m1) */
-            const int64_t chunks = (m + KC - 1) / KC, per = (chunks + nt - 1) / nt;
-            const int64_t m0 = t * per * KC < m ? t * per * KC : m, m1 = (t + 1) * per * KC < m ? (t + 1) * per * KC : m;
+            int64_t m0, m1;  /* whole chunks per thread, in order: thread t sums rows [m0, m1) */
+            chunk_share(m, KC, t, nt, &m0, &m1);
             for (int64_t k0 = m0; k0 < m1; k0 += KC) {
                 const int rows = (int)(m1 - k0 < KC ? m1 - k0 : KC), np = (rows + 1) / 2;
                 if (bsum) {
@@ -76,12 +72,7 @@ int vs_weight_grad_bf16(const uint16_t *g, int64_t ldg, const uint16_t *x, int64
             }
         }
 #pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t e = 0; e < o * i; e += 16) {
-            __m512 s = _mm512_loadu_ps(work + e);
-            for (int u = 1; u < nt; u++) s = _mm512_add_ps(s, _mm512_loadu_ps(work + (int64_t)u * o * i + e));
-            _mm256_storeu_si256((__m256i *)(dw + e), (__m256i)_mm512_cvtneps_pbh(s));
-        }
+        sum_threads_bf16(work, nt, o * i, dw);
         if (db) {
 #pragma omp for schedule(static)
             for (int64_t j = 0; j < o; j += 16) {
