@@ -140,6 +140,17 @@ def test_conv_weight_grad_ab_times_each_stem_conv_alone_and_in_the_step():
     assert "128 → 128, 1×1 s1" in out and "step time oneDNN ÷ kernel, per round:" in out
 
 
+def test_kernels_ab_switches_one_part_off_with_either_optimizer():
+    from vitscope import native
+
+    if not native.has("avx512_bf16"):
+        pytest.skip(f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+    out, rows = _table("ab_kernels.py", "--part", "conv-wgrad", "--model", "vit_fmnist_quick", "--batch", "2",
+                       "--rounds", "1", "--steps", "1", "--optimizer", "muon")
+    assert rows[0] == "| conv-wgrad in bf16 training | images/s per round | median |"
+    assert "training step (muon)" in out and "B without: conv-wgrad" in out and "kernels ÷ without" in out
+
+
 def test_softmax_bound_prints_a_row_per_dtype():
     out, rows = _table("softmax_bound.py")
     assert rows[0].startswith("| dtype | exp rate, G elements/s |")
