@@ -64,8 +64,8 @@ def fmnist_best() -> TrainConfig:
     95.16% for seeds 0 and 1 (10 test views) in 31.5 and 30.8 minutes of training on a 2-core Xeon
     with AMX (~1,480 images/s), and 95.09% and 95.16% in 28.4 and 28.1 minutes since the explicit
     attention path keeps bfloat16 weights (~1,630 images/s); 95.18% for seed 0 in 57.6 minutes on a
-    2-core EPYC without AMX (797 images/s), and 95.12% in 41.1 minutes (1,117 images/s) since the conv
-    stem's weight gradients come from vitscope's kernel (vitscope/fused_conv.py). With AdamW the same
+    2-core EPYC without AMX (797 images/s), and 95.12% in 41.1 minutes (1,117 images/s) with vitscope's
+    C kernels (vitscope/native/, the conv stem's weight gradients included). With AdamW the same
     recipe reached 94.67% and 94.72% for seeds 0 and 1 (EPYC, 52-56 minutes): it underfits (96.4% on
     its own training images), and Muon fits faster per step, 0.7-1.9 points ahead over the first half
     and 0.2-0.3 at the end.
