@@ -7,6 +7,7 @@
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part conv-wgrad --model vit_fmnist_quick --batch 128 --optimizer muon
+    python benchmarks/ab_kernels.py --part linear --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part add-norm --inference --model vit_small_patch16_224 --batch 64 --steps 2
     python benchmarks/ab_kernels.py --part add-norm-chain --inference --model vit_tiny_patch4_28 --set mlp_ratio=4.0 \
@@ -38,7 +39,10 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   weight gradients where the output is small (off: oneDNN's matmul);
 - `conv-wgrad`: vitscope/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c
   (off: oneDNN's convolution backward);
-- `all`: the ten together.
+- `linear`: native/linear.c (vitscope/linear_kernel.py), the linear layers' products forward and their input
+  gradients, with fc1's GELU and the multiply by its derivative in the same passes (off: oneDNN's linear
+  and matmul, and the GELU table's own pass);
+- `all`: the eleven together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
 backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
@@ -68,6 +72,7 @@ from vitscope import (  # noqa: E402
     fused_linear,
     fused_mlp,
     fused_residual,
+    linear_kernel,
     native,
     short_attention,
 )
@@ -78,7 +83,8 @@ SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusabl
             "layernorm": (fused_layer_norm, "fusable"), "residual": (fused_residual, "fusable"),
             "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
             "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable"),
-            "add-norm-chain": (VisionTransformer, "_chainable"), "conv-wgrad": (fused_conv, "fusable")}
+            "add-norm-chain": (VisionTransformer, "_chainable"), "conv-wgrad": (fused_conv, "fusable"),
+            "linear": (linear_kernel, "runnable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

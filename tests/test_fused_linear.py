@@ -1,6 +1,7 @@
 """oneDNN's fused linear (bias, and in inference GELU, inside the matmul) in bfloat16: when it runs, and
 that it gives nn.Linear's and F.gelu's numbers, and in training addmm's gradients, to bfloat16 rounding,
-checked against float64."""
+checked against float64. vitscope's own product kernel, which takes these calls on CPUs with AVX512-BF16
+and no AMX, is switched off here (`onednn_products`); tests/test_linear_kernel.py tests it."""
 
 from __future__ import annotations
 
@@ -9,13 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_gelu, fused_linear, native
+from vitscope import fused_gelu, fused_linear, linear_kernel, native
 from vitscope.fused_linear import Linear
 from vitscope.vit import Mlp, VisionTransformer, ViTConfig
 
 pytestmark = pytest.mark.skipif(not fused_linear.available(), reason="no oneDNN bfloat16 linear in this torch/CPU")
 
 BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def onednn_products(monkeypatch):
+    """The products in oneDNN, as on CPUs where vitscope's kernel does not run."""
+    monkeypatch.setattr(linear_kernel, "runnable", lambda *args: False)
 
 
 @pytest.fixture

@@ -158,6 +158,32 @@ def _onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:
     return g.t() @ x
 
 
+def _rows(x: Tensor) -> Tensor:
+    """x (..., in) as (M, in)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x (..., in) Wᵀ + b in bfloat16 (bfloat16 tensors): vitscope's kernel where it runs
+    (linear_kernel.py), else oneDNN's linear."""
+    from . import linear_kernel  # here: it imports native, which imports this module
+
+    x2 = _rows(x)
+    if linear_kernel.runnable(x2, weight, *weight.shape[::-1]):
+        return linear_kernel.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return _KERNEL(x, weight, bias, "none", [], "")
+
+
+def input_grad(g: Tensor, weight: Tensor) -> Tensor:
+    """g (M, out) W: (M, in), a linear layer's input gradient, in vitscope's kernel where it runs, else
+    torch's matmul."""
+    from . import linear_kernel
+
+    if linear_kernel.runnable(g, weight, *weight.shape):
+        return linear_kernel.input_grad(g, weight)
+    return g @ weight
+
+
 class _LinearWithGrad(torch.autograd.Function):
     """The fused kernel forward (bias inside the matmul); the backward is AddmmBackward's matmuls."""
 
@@ -168,7 +194,7 @@ class _LinearWithGrad(torch.autograd.Function):
         # and `fusable` keeps them off this path)
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _KERNEL(x, weight, bias, "none", [], "")
+        return product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -176,7 +202,7 @@ class _LinearWithGrad(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1])  # (M, out), M = all leading dims
         gx = None
         if ctx.needs_input_grad[0]:
-            gx = (g @ weight).view(x.shape)  # (M, in)
+            gx = input_grad(g, weight).view(x.shape)  # (M, in)
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         gw, gb = weight_and_bias_grad(g, x.reshape(-1, x.shape[-1]), need_b, weight=ctx.needs_input_grad[1])
         return gx, gw, gb
@@ -197,7 +223,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu: bool 
         return _LinearWithGrad.apply(x, weight, bias)
     if gelu:
         return _linear_gelu(x, weight, bias)
-    return _KERNEL(x, weight, bias, "none", [], "")
+    return product(x, weight, bias)
 
 
 def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -207,8 +233,11 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     and 1.00-1.02x ViT-S/16's (benchmarks/ab_fused_linear.py --gelu) against oneDNN's erf GELU in the
     matmul's epilogue, which took 1.4 of fc1's 5.5 ms at 12800 x 128 -> 512 (the pass: 0.7). Elsewhere
     the epilogue, which applies GELU to the float32 sum before rounding."""
-    from . import fused_gelu, native  # here: native imports this module
+    from . import fused_gelu, linear_kernel, native  # here: native imports this module
 
+    x2 = _rows(x)
+    if linear_kernel.runnable(x2, weight, *weight.shape[::-1]):
+        return linear_kernel.forward(x2, weight, bias, gelu=True).view(*x.shape[:-1], weight.shape[0])
     if not native.runnable(x, isa="avx512_bf16"):
         return _KERNEL(x, weight, bias, "gelu", [], "none")
     return fused_gelu.gelu_(_KERNEL(x, weight, bias, "none", [], ""))

@@ -51,7 +51,8 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 # Which instruction set each source is compiled for (another source: the base set).
 SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "batch_norm.c": "avx512_bf16",
            "conv_weight_grad.c": "avx512_bf16", "gelu.c": "avx512_bf16", "layer_norm.c": "avx512_bf16",
-           "residual.c": "avx512_bf16", "short_attention.c": "amx", "weight_grad.c": "avx512_bf16"}
+           "linear.c": "avx512_bf16", "residual.c": "avx512_bf16", "short_attention.c": "amx",
+           "weight_grad.c": "avx512_bf16"}
 FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
@@ -213,6 +214,8 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_weight_grad_bf16.restype = i32
     lib.vs_conv_weight_grad_bf16.argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, i32, i32, i32, i32, p, p, i32]
     lib.vs_conv_weight_grad_bf16.restype = i32
+    lib.vs_linear_bf16.argtypes = [p, i64, i64, i64, p, i64, i32, i64, p, p, i64, p, i64, i32, p, p, i32]
+    lib.vs_linear_bf16.restype = None
     return lib
 
 

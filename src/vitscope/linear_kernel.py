@@ -1,0 +1,73 @@
+"""vitscope's bfloat16 linear products on CPUs with AVX512-BF16 and without AMX (native/linear.c).
+
+On a Zen 4 EPYC oneDNN's bfloat16 linear runs the plain 28×28 ViT's and ViT-S/16's layers at 290-405
+GFLOP/s on 2 cores and the kernel at 410-455, about the vdpbf16ps peak (benchmarks/ab_linear.py). Three
+products use it: a linear layer's forward x Wᵀ + b (`forward`), with fc1's GELU and its derivative looked up
+from the rounded sums in the same pass (`gelu=True`, for fused_mlp), and the input gradient g W, with the
+multiply by GELU's derivative in the same pass (`input_grad(..., mul=d)`). Each sum is taken in float32 and
+rounded to bfloat16 once, as oneDNN's are; the order of the sums differs.
+
+Where the CPU has AMX, oneDNN multiplies in its tiles at several times this kernel's peak, so it stays.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import fused_linear, native
+
+MAX_K = 4096  # the longest reduction the kernel takes: measured up to 1536 (ViT-S/16's fc2)
+# Where the reduction is longer than SHORT_K, the kernel takes only outputs of at least WIDE_N columns: in the
+# plain 28x28 ViT's training step, k = 384 and 512 into 128 columns ran no faster than oneDNN's (its
+# B panel no longer fits L1), while ViT-S/16's k = 384 and 1536 into 384 or more did
+SHORT_K, WIDE_N = 256, 256
+
+
+def runnable(x: Tensor, w: Tensor, k: int, n: int) -> bool:
+    """Whether the kernel may take a product of x (M, k) and the weight w into n columns: bfloat16 CPU
+    tensors of 2 dimensions with unit stride along rows, k even and at most MAX_K (at most SHORT_K unless
+    n is at least WIDE_N), the kernels runnable here, and no AMX."""
+    if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2 or w.dim() != 2:
+        return False
+    if x.stride(1) != 1 or w.stride(1) != 1 or k % 2 or not 0 < k <= MAX_K or x.shape[0] == 0:
+        return False
+    if k > SHORT_K and n < WIDE_N:
+        return False
+    return not fused_linear._cpu_has_amx() and native.runnable(x, w, isa="avx512_bf16")
+
+
+def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None,
+          gelu: bool = False, derivative: bool = False) -> tuple[Tensor, Tensor | None]:
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    d = torch.empty(m, n, dtype=torch.bfloat16) if derivative else None
+    packed = torch.empty(k // 2 * n + 16, dtype=torch.int32)
+    b = None if bias is None else bias.float().contiguous()
+    if mul is not None and (mul.dtype != torch.bfloat16 or mul.shape != (m, n) or mul.stride(1) != 1):
+        mul = mul.to(torch.bfloat16).contiguous()
+    native.library().vs_linear_bf16(
+        x.data_ptr(), x.stride(0), m, k, w.data_ptr(), w.stride(0), int(weight_rows), n,
+        None if b is None else b.data_ptr(), None if mul is None else mul.data_ptr(),
+        0 if mul is None else mul.stride(0), y.data_ptr(), n, int(gelu), None if d is None else d.data_ptr(),
+        packed.data_ptr(), torch.get_num_threads())
+    return y, d
+
+
+def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
+    """x (M, in) Wᵀ + b with w (out, in): (M, out) bfloat16; with `gelu`, gelu of that (rounded to
+    bfloat16 first, as fused_gelu's table takes it). Call it only where `runnable(x, w, in, out)`."""
+    return _call(x, x.shape[1], w, True, w.shape[0], bias, None, gelu)[0]
+
+
+def forward_gelu(x: Tensor, w: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(gelu(a), gelu'(a)) for a = x Wᵀ + b rounded to bfloat16, each (M, out): the values of
+    fused_gelu.gelu_and_derivative(a), from the same pass as the product."""
+    h, d = _call(x, x.shape[1], w, True, w.shape[0], bias, None, True, True)
+    return h, d
+
+
+def input_grad(g: Tensor, w: Tensor, mul: Tensor | None = None) -> Tensor:
+    """g (M, out) W with w (out, in): (M, in) bfloat16, times `mul` (M, in) before rounding where given.
+    Call it only where `runnable(g, w, out, in)`."""
+    return _call(g, g.shape[1], w, False, w.shape[1], None, mul)[0]
