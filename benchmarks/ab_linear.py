@@ -56,7 +56,7 @@ def products(k: int, n: int, rows: int) -> list[tuple[str, bool, Callable, Calla
     g, d = torch.randn(rows, n).to(bf), torch.randn(rows, k).to(bf)
     fwd = x.double() @ w.double().t() + b.double()
     back = g.double() @ w.double()
-    fwd_taken, back_taken = linear_kernel.runnable(x, w, k, n), linear_kernel.runnable(g, w, n, k)
+    fwd_taken, back_taken = linear_kernel.runnable(x, w), linear_kernel.runnable(g, w)
     return [
         ("forward", fwd_taken, lambda: linear_kernel.forward(x, w, b), lambda: ONEDNN(x, w, b, "none", [], ""), fwd),
         ("forward + GELU", fwd_taken, lambda: linear_kernel.forward_gelu(x, w, b)[0],
@@ -149,7 +149,7 @@ def in_step(argv: list[str]) -> None:
     matmul_grad = fused_linear.input_grad
 
     def input_grad(g, w):
-        if linear_kernel.runnable(g, w, *w.shape):
+        if linear_kernel.runnable(g, w):
             return matmul_grad(g, w)
         return timer.timed("input grad", matmul_grad, lambda *a: "({}, {})".format(*w.shape[::-1]))(g, w)
 

@@ -111,19 +111,18 @@ def test_strided_rows_and_nonfinite_values():
 def test_runnable_takes_only_what_the_kernel_handles(monkeypatch):
     x, w = _t(8, 128), _t(64, 128)
     if not native.has("avx512_bf16"):
-        assert not linear_kernel.runnable(x, w, 128, 64)
+        assert not linear_kernel.runnable(x, w)
         return
     monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: False)
-    assert linear_kernel.runnable(x, w, 128, 64)
-    assert not linear_kernel.runnable(x.float(), w, 128, 64)        # bfloat16 only
-    assert not linear_kernel.runnable(_t(8, 127), w, 127, 64)       # an odd reduction
-    assert not linear_kernel.runnable(x.t(), w, 128, 64)            # columns not at unit stride
-    assert not linear_kernel.runnable(_t(0, 128), w, 128, 64)       # no rows
-    assert not linear_kernel.runnable(_t(8, 512), w, 512, 128)      # a long reduction into narrow rows ...
-    assert linear_kernel.runnable(_t(8, 512), w, 512, 384)          # ... but not into wide ones
-    assert not linear_kernel.runnable(_t(8, 8192), w, 8192, 384)    # longer than MAX_K
+    assert linear_kernel.runnable(x, w)
+    assert not linear_kernel.runnable(x.float(), w)          # bfloat16 only
+    assert not linear_kernel.runnable(_t(8, 127), w)         # an odd reduction
+    assert not linear_kernel.runnable(_t(128, 8).t(), w)     # columns not at unit stride
+    assert not linear_kernel.runnable(_t(0, 128), w)         # no rows
+    assert linear_kernel.runnable(_t(8, 1536), w)            # ViT-S/16's fc2
+    assert not linear_kernel.runnable(_t(8, 8192), w)        # longer than MAX_K
     monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: True)
-    assert not linear_kernel.runnable(x, w, 128, 64)                # oneDNN's AMX tiles are faster
+    assert not linear_kernel.runnable(x, w)                  # oneDNN's AMX tiles are faster
 
 
 def _train_grads(model, x, y, use_kernel, monkeypatch):
@@ -157,7 +156,8 @@ def test_a_vit_training_step_calls_it_and_gets_onednns_gradients(monkeypatch):
     assert ("forward", 128, 384, False, False, False) in seen          # qkv
     assert ("forward", 128, 512, False, True, True) in seen            # fc1 with gelu and gelu'
     assert ("input grad", 128, 512, True, False, False) in seen        # fc2's backward times gelu'
-    assert ("input grad", 384, 128, False, False, False) not in seen   # k = 384 into 128: oneDNN's
+    assert ("input grad", 384, 128, False, False, False) in seen       # qkv's: a reduction over 384
+    assert ("forward", 512, 128, False, False, False) in seen          # fc2
     ref_loss, ref_grads = _train_grads(model, x, y, False, monkeypatch)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-2, atol=1e-2)
     for name, g in grads.items():

@@ -18,21 +18,16 @@ from torch import Tensor
 from . import fused_linear, native
 
 MAX_K = 4096  # the longest reduction the kernel takes: measured up to 1536 (ViT-S/16's fc2)
-# Where the reduction is longer than SHORT_K, the kernel takes only outputs of at least WIDE_N columns: in the
-# plain 28x28 ViT's training step, k = 384 and 512 into 128 columns ran no faster than oneDNN's (its
-# B panel no longer fits L1), while ViT-S/16's k = 384 and 1536 into 384 or more did
-SHORT_K, WIDE_N = 256, 256
 
 
-def runnable(x: Tensor, w: Tensor, k: int, n: int) -> bool:
-    """Whether the kernel may take a product of x (M, k) and the weight w into n columns: bfloat16 CPU
-    tensors of 2 dimensions with unit stride along rows, k even and at most MAX_K (at most SHORT_K unless
-    n is at least WIDE_N), the kernels runnable here, and no AMX."""
+def runnable(x: Tensor, w: Tensor) -> bool:
+    """Whether the kernel may take a product of x (M, k) and the weight w over x's k columns: bfloat16 CPU
+    tensors of 2 dimensions with unit stride along rows, k even and at most MAX_K, the kernels runnable
+    here, and no AMX."""
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2 or w.dim() != 2:
         return False
+    k = x.shape[1]
     if x.stride(1) != 1 or w.stride(1) != 1 or k % 2 or not 0 < k <= MAX_K or x.shape[0] == 0:
-        return False
-    if k > SHORT_K and n < WIDE_N:
         return False
     return not fused_linear._cpu_has_amx() and native.runnable(x, w, isa="avx512_bf16")
 
@@ -56,7 +51,7 @@ def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor 
 
 def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
     """x (M, in) Wᵀ + b with w (out, in): (M, out) bfloat16; with `gelu`, gelu of that (rounded to
-    bfloat16 first, as fused_gelu's table takes it). Call it only where `runnable(x, w, in, out)`."""
+    bfloat16 first, as fused_gelu's table takes it). Call it only where `runnable(x, w)`."""
     return _call(x, x.shape[1], w, True, w.shape[0], bias, None, gelu)[0]
 
 
@@ -69,5 +64,5 @@ def forward_gelu(x: Tensor, w: Tensor, bias: Tensor | None = None) -> tuple[Tens
 
 def input_grad(g: Tensor, w: Tensor, mul: Tensor | None = None) -> Tensor:
     """g (M, out) W with w (out, in): (M, in) bfloat16, times `mul` (M, in) before rounding where given.
-    Call it only where `runnable(g, w, out, in)`."""
+    Call it only where `runnable(g, w)`."""
     return _call(g, g.shape[1], w, False, w.shape[1], None, mul)[0]

@@ -5,9 +5,9 @@
    EPYC's 2 cores, whose vdpbf16ps peak is about 445; this kernel runs them at 410-455
    (benchmarks/ab_linear.py). B is packed once per call into pairs of its reduction index interleaved
    (the dwords vdpbf16ps multiplies and adds), k/2 x n dwords: at most a few hundred KB, in L2. Each
-   thread takes chunks of MC rows of x; a 4 x 64 block of y keeps its float32 sums in 16 registers over
-   the whole reduction (k at most a few thousand), per pair of k four broadcasts of x's pairs and four
-   vectors of B's, then adds the bias, multiplies by `mul` where given, rounds to bfloat16 once (to
+   thread takes chunks of MC rows of x; a 4 x 64 block of y (6 x 64 where k > 256) keeps its float32 sums in
+   16 (24) registers over the whole reduction (k at most a few thousand), per pair of k a broadcast of x's
+   pair for each row and four vectors of B's, then adds the bias, multiplies by `mul` where given, rounds to bfloat16 once (to
    nearest even) and stores. With `gelu`, the rounded sums are looked up in gelu.c's table instead, and y
    gets gelu(a) and d gelu'(a) (fc1's output in training), or y alone gelu(a) (in inference), without a pass of
    its own over a. */
@@ -47,7 +47,7 @@ static inline __attribute__((always_inline)) void block(const uint16_t *x, int64
                                                         int64_t i, int64_t j, const int mr, const int nb,
                                                         const int mode)
 {
-    __m512 acc[MR][NB];
+    __m512 acc[6][NB];
     __mmask16 km[NB];
     for (int e = 0; e < nb; e++) {
         const int64_t left = n - (j + 16 * e);
@@ -80,9 +80,11 @@ static inline __attribute__((always_inline)) void block(const uint16_t *x, int64
         }
 }
 
-/* Rows [i0, i1) of y, every column: for each 64 columns (B's packed panel then stays in L1 for k up to 256), whole
-   4-row blocks, then a shorter one at the end; the last columns' blocks are narrower. (Blocks of 8 x 32, whose
-   panel is half as large, measured slower at k = 384 and 512.) */
+/* Rows [i0, i1) of y, every column: for each 64 columns, whole blocks of 4 rows, then a shorter one at the end;
+   the last columns' blocks are narrower. B's packed panel for 64 columns stays in L1 up to k = 256; for longer
+   reductions it comes from L2, and blocks of 6 rows use each of its vectors half as often again (in the plain
+   ViT's step, k = 384 and 512 into 128 columns then ran 4-9% faster than oneDNN's, with 4 rows no faster;
+   blocks of 8 x 32, whose panel is half as large, were slower). */
 static inline __attribute__((always_inline)) void rows(const uint16_t *x, int64_t ldx, int64_t i0, int64_t i1,
                                                        const uint32_t *bp, int64_t n, int64_t kp, const float *bias,
                                                        const uint16_t *mul, int64_t ldm, uint16_t *y, int64_t ldy,
@@ -90,23 +92,36 @@ static inline __attribute__((always_inline)) void rows(const uint16_t *x, int64_
 {
     const int64_t vecs = (n + 15) / 16;
 #define VS_BLOCK(MRC, NBC) block(x, ldx, bp, n, kp, bias, mul, ldm, y, ldy, d, i, 16 * v, MRC, NBC, mode)
-#define VS_ROWS(NBC)                                                                                          \
+#define VS_ROWS(MRC, NBC)                                                                                     \
     {                                                                                                         \
         int64_t i = i0;                                                                                       \
-        for (; i + MR <= i1; i += MR) VS_BLOCK(4, NBC);                                                       \
+        for (; i + (MRC) <= i1; i += (MRC)) VS_BLOCK(MRC, NBC);                                               \
         switch (i1 - i) {                                                                                     \
+        case 5: VS_BLOCK(5, NBC); break;                                                                      \
+        case 4: VS_BLOCK(4, NBC); break;                                                                      \
         case 3: VS_BLOCK(3, NBC); break;                                                                      \
         case 2: VS_BLOCK(2, NBC); break;                                                                      \
         case 1: VS_BLOCK(1, NBC); break;                                                                      \
         default: break;                                                                                       \
         }                                                                                                     \
     }
-    for (int64_t v = 0; v < vecs; v += NB) {
-        switch (vecs - v < NB ? vecs - v : NB) {
-        case 4: VS_ROWS(4) break;
-        case 3: VS_ROWS(3) break;
-        case 2: VS_ROWS(2) break;
-        default: VS_ROWS(1) break;
+    if (kp > 128) {
+        for (int64_t v = 0; v < vecs; v += NB) {
+            switch (vecs - v < NB ? vecs - v : NB) {
+            case 4: VS_ROWS(6, 4) break;
+            case 3: VS_ROWS(6, 3) break;
+            case 2: VS_ROWS(6, 2) break;
+            default: VS_ROWS(6, 1) break;
+            }
+        }
+    } else {
+        for (int64_t v = 0; v < vecs; v += NB) {
+            switch (vecs - v < NB ? vecs - v : NB) {
+            case 4: VS_ROWS(4, 4) break;
+            case 3: VS_ROWS(4, 3) break;
+            case 2: VS_ROWS(4, 2) break;
+            default: VS_ROWS(4, 1) break;
+            }
         }
     }
 #undef VS_ROWS
