@@ -3,6 +3,7 @@ and prints its table. Smoke tests of the scripts, not timings."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,34 @@ def test_kernels_ab_switches_one_part_off_with_either_optimizer():
                        "--rounds", "1", "--steps", "1", "--optimizer", "muon")
     assert rows[0] == "| conv-wgrad in bf16 training | images/s per round | median |"
     assert "training step (muon)" in out and "B without: conv-wgrad" in out and "kernels ÷ without" in out
+
+
+def test_linear_ab_times_each_product_alone_and_in_the_step():
+    from vitscope import native
+
+    if not native.has("avx512_bf16"):
+        pytest.skip(f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+    out, rows = _table("ab_linear.py", "--rows", "40", "--shapes", "128x64", "--rounds", "1", "--reps", "1")
+    assert [r.split(" | ")[1] for r in rows[1:]] == ["forward", "forward + GELU", "input grad", "input grad × d"]
+    assert "the products taken:" in out
+    out, rows = _table("ab_linear.py", "--in-step", "--batch", "2", "--set", "depth=1", "--rounds", "1",
+                       "--steps", "1")
+    kinds = {r.split(" | ")[0] for r in rows}
+    assert {"| forward (128, 384)", "| forward + GELU (128, 256)", "| input grad × d (256, 128)"} <= kinds
+    assert "kernel ÷ oneDNN, per round:" in out
+
+
+def test_dpbf16_peak_compiles_and_prints_both_rates(tmp_path):
+    from vitscope import native
+
+    if not native.has("avx512_bf16") or native.compiler() is None:
+        pytest.skip(f"needs AVX512-BF16 and a C compiler: {native.why_not('avx512_bf16')}")
+    exe = tmp_path / "dpbf16_peak"
+    subprocess.run([native.compiler(), "-O3", "-fopenmp", "-mavx512f", "-mavx512bf16",
+                    str(SCRIPT.parent / "dpbf16_peak.c"), "-o", str(exe)], check=True, timeout=60)
+    out = subprocess.run([str(exe), "2"], capture_output=True, text=True, timeout=60, check=True).stdout
+    one, two = (float(v) for v in re.findall(r"(\d+) GFLOP/s", out))
+    assert out.startswith("vdpbf16ps peak: 1 thread") and one > 0 and two > 0
 
 
 def test_softmax_bound_prints_a_row_per_dtype():

@@ -16,7 +16,9 @@ float32 sums where `weight_and_bias_grad` runs vitscope's kernel); the GELU then
 a separate op, since its backward needs fc1's output before it. Calls that forward-mode AD or
 torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat16 (under CPU
 autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
-records a graph. In float32 it measured no faster, so float32 keeps `F.linear`.
+records a graph. In float32 it measured no faster, so float32 keeps `F.linear`. On CPUs with
+AVX512-BF16 and no AMX, vitscope's own product kernel (linear_kernel.py) takes the forward, the GELU
+and the input gradient in place of oneDNN's where it runs (`product`, `input_grad`).
 
 Measured on a Xeon with AMX, 2 threads, input (12800, 128) (bench_vit.py's Fashion-MNIST shape):
 128 -> 512 took 0.67 ms against nn.Linear's 0.91, and with the GELU 1.69 against 2.08. Whole bfloat16

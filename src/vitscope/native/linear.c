@@ -1,16 +1,18 @@
 /* A linear layer's products in bfloat16 for AVX512-BF16: y = x Bᵀ (+ bias), where B is either the layer's
    weight W (n, k) (the forward, x Wᵀ) or, for the input gradient g W, the weight read down its columns.
 
-   oneDNN's bfloat16 linear ran the plain 28x28 ViT's and ViT-S/16's shapes at 290-405 GFLOP/s on a Zen 4
-   EPYC's 2 cores, whose vdpbf16ps peak is about 445; this kernel runs them at 410-455
-   (benchmarks/ab_linear.py). B is packed once per call into pairs of its reduction index interleaved
-   (the dwords vdpbf16ps multiplies and adds), k/2 x n dwords: at most a few hundred KB, in L2. Each
-   thread takes chunks of MC rows of x; a 4 x 64 block of y (6 x 64 where k > 256) keeps its float32 sums in
-   16 (24) registers over the whole reduction (k at most a few thousand), per pair of k a broadcast of x's
-   pair for each row and four vectors of B's, then adds the bias, multiplies by `mul` where given, rounds to bfloat16 once (to
-   nearest even) and stores. With `gelu`, the rounded sums are looked up in gelu.c's table instead, and y
-   gets gelu(a) and d gelu'(a) (fc1's output in training), or y alone gelu(a) (in inference), without a pass of
-   its own over a. */
+   On a Zen 4 EPYC's 2 cores vdpbf16ps peaks at 445-470 GFLOP/s (benchmarks/dpbf16_peak.c); oneDNN's bfloat16
+   linear ran the plain 28x28 ViT's and ViT-S/16's layers at 340-430, this kernel at 400-450, and inside the
+   plain ViT's training step its products took 142 ms a step against oneDNN's 162 (benchmarks/ab_linear.py).
+   B is packed once per call into pairs of its reduction index interleaved (the dwords vdpbf16ps multiplies
+   and adds), k/2 x n dwords: at most a few MB, mostly in L2. Each thread takes chunks of up to MC rows of x;
+   a block of 4 rows by 64 columns (6 rows where k > 256) keeps its float32 sums in 16 (24) registers over
+   the whole reduction, taking per pair of k one broadcast of x's pair for each row and four vectors of B's;
+   then it adds the bias, multiplies by `mul` where given (fc2's backward: GELU's derivative), rounds to
+   bfloat16 once (to nearest even) and stores. With `gelu`, the rounded sums are looked up in gelu.c's table
+   instead (one gather per 16), and y gets gelu(a) and d gelu'(a) (fc1's output in training), or y alone
+   gelu(a) (in inference), without a pass of its own over a. Lines the stores and the multiply will need
+   are fetched while the sums are taken: they come from memory, not cache, in a training step. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
