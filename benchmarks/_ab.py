@@ -22,6 +22,7 @@ from torch import nn
 from _machine import machine_header
 from vitscope import allocator
 from vitscope.cli import UsageError, parse_model_sets
+from vitscope.models import create_model
 from vitscope.optim import OptimizerName, build_optimizer
 
 DTYPES = ("bfloat16", "float32")
@@ -78,6 +79,40 @@ def alternate(steps: dict[str, Callable[[], None]], *, batch: int, rounds: int, 
     return rates
 
 
+def products_parser(doc: str, shapes: list[str], metavar: str) -> argparse.ArgumentParser:
+    """The flags of a script that times one product alone per shape: --rows, --shapes (`metavar`, e.g.
+    OUTxIN), --rounds and --reps."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=12800)
+    ap.add_argument("--shapes", nargs="+", default=shapes, metavar=metavar)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10, help="products per round and variant")
+    return ap
+
+
+def ms_per_call(fn: Callable[[], object], reps: int) -> float:
+    """Milliseconds per call of `fn` over `reps` calls in a row."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def alternate_calls(ours: Callable[[], torch.Tensor], theirs: Callable[[], torch.Tensor], exact: torch.Tensor, *,
+                    rounds: int, reps: int) -> tuple[float, float, float, float]:
+    """Two implementations of one product: (ours ms, theirs ms, ours error, theirs error), each one's median
+    milliseconds per call over `rounds` alternating rounds of `reps` calls (after a warm-up of each), and its
+    largest error against `exact` relative to exact's largest magnitude."""
+    errs = [((f().double() - exact).abs().max() / exact.abs().max()).item() for f in (ours, theirs)]
+    for f in (ours, theirs):
+        ms_per_call(f, 3)
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(ms_per_call(ours, reps))
+        b.append(ms_per_call(theirs, reps))
+    return statistics.median(a), statistics.median(b), errs[0], errs[1]
+
+
 def ratio_table(rates: dict[str, list[float]], first: str, second: str, label: str) -> str:
     """A markdown table of the rounds, and the median of the per-round ratios first ÷ second."""
     ratios = [a / b for a, b in zip(rates[first], rates[second])]
@@ -118,6 +153,21 @@ def model_overrides(ap: argparse.ArgumentParser, args: argparse.Namespace) -> di
         return parse_model_sets(args.set)
     except UsageError as e:
         ap.error(str(e))
+
+
+def plain_step(doc: str, argv: list[str], flag: str,
+               rounds: int) -> tuple[argparse.Namespace, dict, Callable[[], None]]:
+    """A script's in-step mode (`flag`, e.g. `--in-step`): its flags parsed, the model's overrides (the plain
+    28x28 ViT's `mlp_ratio=4.0` where it is the model and no `--set` is given) and the training step, by
+    default the plain ViT's at batch 256."""
+    ap = parser(doc)
+    add_model_sets(ap)
+    ap.set_defaults(model="vit_tiny_patch4_28", batch=256, rounds=rounds)
+    ap.add_argument(flag, action="store_true")
+    args = ap.parse_args(argv)
+    overrides = model_overrides(ap, args) or ({"mlp_ratio": 4.0} if args.model == "vit_tiny_patch4_28" else {})
+    torch.manual_seed(0)
+    return args, overrides, training_step(create_model(args.model, **overrides), args.batch)
 
 
 def main(doc: str, label: str, make_steps: Callable[[str, int], dict[str, Callable[[], None]]],

@@ -32,12 +32,6 @@ from vitscope.models import create_model  # noqa: E402
 BF, CL = torch.bfloat16, torch.channels_last
 
 
-def _ms(fn, reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps * 1e3
-
 
 def _stem_inputs(model: nn.Module, batch: int) -> list[tuple[nn.Conv2d, torch.Tensor, torch.Tensor]]:
     """Each stem conv with its input and an output gradient of the training step's shapes and layout."""
@@ -72,14 +66,7 @@ def alone(model: nn.Module, batch: int, rounds: int, reps: int) -> None:
             return fused_conv.weight_grad(g, x, w.shape, s, p)
 
         ref = theirs(torch.float64)
-        errs = [((f().double() - ref).abs().max() / ref.abs().max()).item() for f in (ours, theirs)]
-        for f in (ours, theirs):
-            _ms(f, 3)
-        a, b = [], []
-        for _ in range(rounds):
-            a.append(_ms(ours, reps))
-            b.append(_ms(theirs, reps))
-        ma, mb = statistics.median(a), statistics.median(b)
+        ma, mb, *errs = ab.alternate_calls(ours, theirs, ref, rounds=rounds, reps=reps)
         totals[0], totals[1] = totals[0] + ma, totals[1] + mb
         flop = 2 * g.numel() * conv.in_channels * conv.kernel_size[0] * conv.kernel_size[1] / 1e6
         k = conv.kernel_size[0]

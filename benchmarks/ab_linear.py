@@ -23,8 +23,6 @@ and shape, so the figures include the cache state a step leaves its inputs in.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -37,16 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from vitscope import allocator, fused_gelu, fused_linear, fused_mlp, linear_kernel, native  # noqa: E402
-from vitscope.models import create_model  # noqa: E402
 
 ONEDNN = fused_linear._KERNEL
 
-
-def _ms(fn: Callable[[], object], reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps * 1e3
 
 
 def products(k: int, n: int, rows: int) -> list[tuple[str, bool, Callable, Callable, torch.Tensor]]:
@@ -68,12 +59,7 @@ def products(k: int, n: int, rows: int) -> list[tuple[str, bool, Callable, Calla
 
 
 def alone(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=12800)
-    ap.add_argument("--shapes", nargs="+", default=["128x384", "128x128", "128x512", "512x128"], metavar="INxOUT")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=10, help="products per round and variant")
-    args = ap.parse_args(argv)
+    args = ab.products_parser(__doc__, ["128x384", "128x128", "128x512", "512x128"], "INxOUT").parse_args(argv)
     allocator.keep_freed_memory()
     torch.manual_seed(0)
     print(machine_header())
@@ -86,14 +72,7 @@ def alone(argv: list[str]) -> None:
         k, n = (int(v) for v in shape.lower().split("x"))
         flop = 2 * args.rows * k * n / 1e6
         for kind, taken, ours, theirs, exact in products(k, n, args.rows):
-            errs = [((f().double() - exact).abs().max() / exact.abs().max()).item() for f in (ours, theirs)]
-            for f in (ours, theirs):
-                _ms(f, 2)
-            a, b = [], []
-            for _ in range(args.rounds):
-                a.append(_ms(ours, args.reps))
-                b.append(_ms(theirs, args.reps))
-            ma, mb = statistics.median(a), statistics.median(b)
+            ma, mb, *errs = ab.alternate_calls(ours, theirs, exact, rounds=args.rounds, reps=args.reps)
             if taken:
                 total[0] += ma
                 total[1] += mb
@@ -119,14 +98,7 @@ class _Timer:
 
 
 def in_step(argv: list[str]) -> None:
-    ap = ab.parser(__doc__)
-    ab.add_model_sets(ap)
-    ap.set_defaults(model="vit_tiny_patch4_28", batch=256, rounds=12)
-    ap.add_argument("--in-step", action="store_true")
-    args = ap.parse_args(argv)
-    overrides = ab.model_overrides(ap, args) or ({"mlp_ratio": 4.0} if args.model == "vit_tiny_patch4_28" else {})
-    torch.manual_seed(0)
-    step = ab.training_step(create_model(args.model, **overrides), args.batch)
+    args, overrides, step = ab.plain_step(__doc__, argv, "--in-step", rounds=12)
     timer = _Timer()
 
     call = linear_kernel._call

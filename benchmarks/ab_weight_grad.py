@@ -17,10 +17,7 @@ gradient and a separate `g.sum(0)`.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,25 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from vitscope import allocator, fused_linear, native  # noqa: E402
-from vitscope.models import create_model  # noqa: E402
-
-
-def _ms(fn, reps: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t0) / reps * 1e3
 
 
 def bias_in_step(argv: list[str]) -> None:
-    ap = ab.parser(__doc__)
-    ab.add_model_sets(ap)
-    ap.set_defaults(model="vit_tiny_patch4_28", batch=256, rounds=10)
-    ap.add_argument("--bias-in-step", action="store_true")
-    args = ap.parse_args(argv)
-    overrides = ab.model_overrides(ap, args) or ({"mlp_ratio": 4.0} if args.model == "vit_tiny_patch4_28" else {})
-    torch.manual_seed(0)
-    step = ab.training_step(create_model(args.model, **overrides), args.batch)
+    args, overrides, step = ab.plain_step(__doc__, argv, "--bias-in-step", rounds=10)
     kernel = fused_linear.weight_and_bias_grad
 
     def separate(g: torch.Tensor, x: torch.Tensor, bias: bool, weight: bool = True):
@@ -67,12 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--bias-in-step" in argv:
         return bias_in_step(argv)
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=12800)
-    ap.add_argument("--shapes", nargs="+", default=["384x128", "128x128", "512x128", "128x512"], metavar="OUTxIN")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=10, help="products per round and variant")
-    args = ap.parse_args(argv)
+    args = ab.products_parser(__doc__, ["384x128", "128x128", "512x128", "128x512"], "OUTxIN").parse_args(argv)
     if native.library() is None:
         sys.exit(f"vitscope's kernels cannot run here: {native.why_not()}")
     allocator.keep_freed_memory()
@@ -88,14 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.randn(args.rows, inp).to(torch.bfloat16)
         ours, theirs = (lambda g=g, x=x: fused_linear.weight_grad(g, x)), (lambda g=g, x=x: g.t() @ x)
         ref = g.double().t() @ x.double()
-        errs = [((f().double() - ref).abs().max() / ref.abs().max()).item() for f in (ours, theirs)]
-        for f in (ours, theirs):
-            _ms(f, 3)
-        a, b = [], []
-        for _ in range(args.rounds):
-            a.append(_ms(ours, args.reps))
-            b.append(_ms(theirs, args.reps))
-        ma, mb = statistics.median(a), statistics.median(b)
+        ma, mb, *errs = ab.alternate_calls(ours, theirs, ref, rounds=args.rounds, reps=args.reps)
         total[0] += ma
         total[1] += mb
         flop = 2 * args.rows * out * inp / 1e6

@@ -85,7 +85,9 @@ def kernel_states() -> list[tuple[str, str]]:
         rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
     if why is None and fused_linear._cpu_has_amx():
         why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"
-    rows.append(("weight gradients, small linears", "on (avx512_bf16 build)" if why is None else f"off: {why}"))
+    for part in ("weight gradients, small linears", "linear products (forward, input gradient)",
+                 "conv stem weight gradients"):
+        rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
     linear = fused_linear.available()
     rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))
     return rows

@@ -99,33 +99,29 @@ static inline __attribute__((always_inline)) void rows(const uint16_t *x, int64_
         int64_t i = i0;                                                                                       \
         for (; i + (MRC) <= i1; i += (MRC)) VS_BLOCK(MRC, NBC);                                               \
         switch (i1 - i) {                                                                                     \
-        case 5: VS_BLOCK(5, NBC); break;                                                                      \
-        case 4: VS_BLOCK(4, NBC); break;                                                                      \
+        case 5: if ((MRC) > 5) VS_BLOCK(5, NBC); break; /* a shorter last block: MRC > 5 only */             \
+        case 4: if ((MRC) > 4) VS_BLOCK(4, NBC); break;                                                       \
         case 3: VS_BLOCK(3, NBC); break;                                                                      \
         case 2: VS_BLOCK(2, NBC); break;                                                                      \
         case 1: VS_BLOCK(1, NBC); break;                                                                      \
         default: break;                                                                                       \
         }                                                                                                     \
     }
-    if (kp > 128) {
-        for (int64_t v = 0; v < vecs; v += NB) {
-            switch (vecs - v < NB ? vecs - v : NB) {
-            case 4: VS_ROWS(6, 4) break;
-            case 3: VS_ROWS(6, 3) break;
-            case 2: VS_ROWS(6, 2) break;
-            default: VS_ROWS(6, 1) break;
-            }
-        }
-    } else {
-        for (int64_t v = 0; v < vecs; v += NB) {
-            switch (vecs - v < NB ? vecs - v : NB) {
-            case 4: VS_ROWS(4, 4) break;
-            case 3: VS_ROWS(4, 3) break;
-            case 2: VS_ROWS(4, 2) break;
-            default: VS_ROWS(4, 1) break;
-            }
-        }
+#define VS_COLUMNS(MRC)                                                                                       \
+    for (int64_t v = 0; v < vecs; v += NB) {                                                                  \
+        switch (vecs - v < NB ? vecs - v : NB) {                                                              \
+        case 4: VS_ROWS(MRC, 4) break;                                                                        \
+        case 3: VS_ROWS(MRC, 3) break;                                                                        \
+        case 2: VS_ROWS(MRC, 2) break;                                                                        \
+        default: VS_ROWS(MRC, 1) break;                                                                       \
+        }                                                                                                     \
     }
+    if (kp > 128) {
+        VS_COLUMNS(6)
+    } else {
+        VS_COLUMNS(4)
+    }
+#undef VS_COLUMNS
 #undef VS_ROWS
 #undef VS_BLOCK
 }
