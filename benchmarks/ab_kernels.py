@@ -90,7 +90,7 @@ SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusabl
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:
     for part in parts:
         owner, name = SWITCHES[part]
-        step = ab.with_attribute(step, owner, name, lambda *a: False)
+        step = ab.with_attribute(step, owner, name, lambda *a, **k: False)
     return step
 
 

@@ -47,7 +47,7 @@ def products(k: int, n: int, rows: int) -> list[tuple[str, bool, Callable, Calla
     g, d = torch.randn(rows, n).to(bf), torch.randn(rows, k).to(bf)
     fwd = x.double() @ w.double().t() + b.double()
     back = g.double() @ w.double()
-    fwd_taken, back_taken = linear_kernel.runnable(x, w), linear_kernel.runnable(g, w)
+    fwd_taken, back_taken = linear_kernel.runnable(x, w, b), linear_kernel.runnable(g, w, forward=False)
     return [
         ("forward", fwd_taken, lambda: linear_kernel.forward(x, w, b), lambda: ONEDNN(x, w, b, "none", [], ""), fwd),
         ("forward + GELU", fwd_taken, lambda: linear_kernel.forward_gelu(x, w, b)[0],
@@ -121,7 +121,7 @@ def in_step(argv: list[str]) -> None:
     matmul_grad = fused_linear.input_grad
 
     def input_grad(g, w):
-        if linear_kernel.runnable(g, w):
+        if linear_kernel.runnable(g, w, forward=False):
             return matmul_grad(g, w)
         return timer.timed("input grad", matmul_grad, lambda *a: "({}, {})".format(*w.shape[::-1]))(g, w)
 
@@ -137,7 +137,8 @@ def in_step(argv: list[str]) -> None:
                                (fused_linear, "input_grad", input_grad)]:
         instrumented = ab.with_attribute(instrumented, owner, name, value)
     steps = {"kernel": labelled("kernel", instrumented),
-             "oneDNN": labelled("oneDNN", ab.with_attribute(instrumented, linear_kernel, "runnable", lambda *a: False))}
+             "oneDNN": labelled("oneDNN", ab.with_attribute(instrumented, linear_kernel, "runnable",
+                                                            lambda *a, **k: False))}
     for fn in steps.values():  # warm-up, not counted
         for _ in range(3):
             fn()

@@ -22,7 +22,7 @@ BF16 = torch.bfloat16
 @pytest.fixture(autouse=True)
 def onednn_products(monkeypatch):
     """The products in oneDNN, as on CPUs where vitscope's kernel does not run."""
-    monkeypatch.setattr(linear_kernel, "runnable", lambda *args: False)
+    monkeypatch.setattr(linear_kernel, "runnable", lambda *args, **kwargs: False)
 
 
 @pytest.fixture

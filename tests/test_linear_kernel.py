@@ -114,20 +114,32 @@ def test_runnable_takes_only_what_the_kernel_handles(monkeypatch):
         assert not linear_kernel.runnable(x, w)
         return
     monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: False)
-    assert linear_kernel.runnable(x, w)
-    assert not linear_kernel.runnable(x.float(), w)          # bfloat16 only
-    assert not linear_kernel.runnable(_t(8, 127), w)         # an odd reduction
-    assert not linear_kernel.runnable(_t(128, 8).t(), w)     # columns not at unit stride
-    assert not linear_kernel.runnable(_t(0, 128), w)         # no rows
-    assert linear_kernel.runnable(_t(8, 1536), w)            # ViT-S/16's fc2
-    assert not linear_kernel.runnable(_t(8, 8192), w)        # longer than MAX_K
+    assert linear_kernel.runnable(x, w, _t(64))
+    assert linear_kernel.runnable(_t(8, 64), w, forward=False)       # the input gradient: k = out
+    assert not linear_kernel.runnable(x.float(), w)                  # bfloat16 only
+    assert not linear_kernel.runnable(_t(8, 127), _t(64, 127))       # an odd reduction
+    assert not linear_kernel.runnable(_t(128, 8).t(), w)             # columns not at unit stride
+    assert not linear_kernel.runnable(_t(0, 128), w)                 # no rows
+    assert linear_kernel.runnable(_t(8, 1536), _t(384, 1536))        # ViT-S/16's fc2
+    assert not linear_kernel.runnable(_t(8, 8192), _t(64, 8192))     # longer than MAX_K
+    # sizes that do not match go to oneDNN, whose error names them
+    assert not linear_kernel.runnable(_t(8, 96), w)
+    assert not linear_kernel.runnable(x, w, forward=False)
+    assert not linear_kernel.runnable(x, w, _t(63))
     monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: True)
-    assert not linear_kernel.runnable(x, w)                  # oneDNN's AMX tiles are faster
+    assert not linear_kernel.runnable(x, w)                          # oneDNN's AMX tiles are faster
+
+
+def test_a_mismatched_input_keeps_torchs_error():
+    """A Linear given the wrong width fails as nn.Linear does, never reading past the weight."""
+    layer = fused_linear.Linear(128, 64)
+    with torch.autocast("cpu", dtype=BF), pytest.raises(RuntimeError):
+        layer(torch.randn(8, 96))
 
 
 def _train_grads(model, x, y, use_kernel, monkeypatch):
     if not use_kernel:
-        monkeypatch.setattr(linear_kernel, "runnable", lambda *a: False)
+        monkeypatch.setattr(linear_kernel, "runnable", lambda *a, **k: False)
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=BF):
         loss = F.cross_entropy(model(x), y)
@@ -175,6 +187,6 @@ def test_vit_s_inference_logits_agree_with_onednns(monkeypatch):
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         ours = model(x).float()
-        monkeypatch.setattr(linear_kernel, "runnable", lambda *a: False)
+        monkeypatch.setattr(linear_kernel, "runnable", lambda *a, **k: False)
         ref = model(x).float()
     assert (ours - ref).abs().max().item() <= 0.03 * ref.abs().max().item()

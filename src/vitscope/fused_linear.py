@@ -171,7 +171,7 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     from . import linear_kernel  # here: it imports native, which imports this module
 
     x2 = _rows(x)
-    if linear_kernel.runnable(x2, weight):
+    if linear_kernel.runnable(x2, weight, bias):
         return linear_kernel.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return _KERNEL(x, weight, bias, "none", [], "")
 
@@ -181,7 +181,7 @@ def input_grad(g: Tensor, weight: Tensor) -> Tensor:
     torch's matmul."""
     from . import linear_kernel
 
-    if linear_kernel.runnable(g, weight):
+    if linear_kernel.runnable(g, weight, forward=False):
         return linear_kernel.input_grad(g, weight)
     return g @ weight
 
@@ -238,7 +238,7 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     from . import fused_gelu, linear_kernel, native  # here: native imports this module
 
     x2 = _rows(x)
-    if linear_kernel.runnable(x2, weight):
+    if linear_kernel.runnable(x2, weight, bias):
         return linear_kernel.forward(x2, weight, bias, gelu=True).view(*x.shape[:-1], weight.shape[0])
     if not native.runnable(x, isa="avx512_bf16"):
         return _KERNEL(x, weight, bias, "gelu", [], "none")

@@ -44,7 +44,7 @@ def _forward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | 
     """(y (..., out), h (M, hidden), d (M, hidden)): the output, and GELU's output and derivative, kept
     for the backward instead of fc1's output."""
     x2 = x.reshape(-1, x.shape[-1])  # (M, in)
-    if linear_kernel.runnable(x2, w1):
+    if linear_kernel.runnable(x2, w1, b1):
         h, d = linear_kernel.forward_gelu(x2, w1, b1)  # (M, hidden) each, from the product's own pass
     else:
         h, d = fused_gelu.gelu_and_derivative(_KERNEL(x2, w1, b1, "none", [], ""))  # (M, hidden) each
@@ -63,7 +63,7 @@ def _backward(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor
     gx = gw1 = gb1 = None
     gw2, gb2 = fused_linear.weight_and_bias_grad(g, h, need_b2, weight=need_w2)  # (out, hidden), (out,)
     if need_x or need_w1 or need_b1:
-        if linear_kernel.runnable(g, w2):
+        if linear_kernel.runnable(g, w2, forward=False):
             ga = linear_kernel.input_grad(g, w2, mul=d)  # (g W2) ∘ gelu'(a): (M, hidden)
         else:
             ga = _KERNEL.binary(g, d, w2.t(), None, "mul")  # the same in oneDNN; W2ᵀ as a view

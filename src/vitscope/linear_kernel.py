@@ -22,16 +22,23 @@ from . import fused_linear, native
 MAX_K = 4096  # the longest reduction the kernel takes: measured up to 1536 (ViT-S/16's fc2)
 
 
-def runnable(x: Tensor, w: Tensor) -> bool:
-    """Whether the kernel may take a product of x (M, k) and the weight w over x's k columns: bfloat16 CPU
-    tensors of 2 dimensions with unit stride along rows, k even and at most MAX_K, the kernels runnable
-    here, and no AMX."""
+def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool = True) -> bool:
+    """Whether the kernel may take x (M, k) times the weight w (out, in): the forward x Wᵀ (+ bias) where
+    k = in, or with `forward` False the input gradient x W where k = out. bfloat16 CPU tensors of 2
+    dimensions with unit stride along rows and matching sizes (a bias of `out` values), k even and at most
+    MAX_K, the kernels runnable here, and no AMX. A mismatch leaves the call to oneDNN, whose error names it."""
     if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2 or w.dim() != 2:
         return False
+    if x.device.type != "cpu" or w.device.type != "cpu" or x.layout != torch.strided or w.layout != torch.strided:
+        return False
     k = x.shape[1]
+    if k != (w.shape[1] if forward else w.shape[0]):
+        return False
+    if bias is not None and (bias.device.type != "cpu" or bias.dim() != 1 or bias.shape[0] != w.shape[0]):
+        return False
     if x.stride(1) != 1 or w.stride(1) != 1 or k % 2 or not 0 < k <= MAX_K or x.shape[0] == 0:
         return False
-    return not fused_linear._cpu_has_amx() and native.runnable(x, w, isa="avx512_bf16")
+    return not fused_linear._cpu_has_amx() and native.runnable(x, w, bias, isa="avx512_bf16")
 
 
 def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None,
@@ -41,8 +48,11 @@ def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor 
     d = torch.empty(m, n, dtype=torch.bfloat16) if derivative else None
     packed = torch.empty(k // 2 * n + 16, dtype=torch.int32)
     b = None if bias is None else bias.float().contiguous()
-    if mul is not None and (mul.dtype != torch.bfloat16 or mul.shape != (m, n) or mul.stride(1) != 1):
-        mul = mul.to(torch.bfloat16).contiguous()
+    if mul is not None:
+        if mul.shape != (m, n):
+            raise ValueError(f"linear_kernel: the multiplier is {tuple(mul.shape)}, the product ({m}, {n})")
+        if mul.dtype != torch.bfloat16 or mul.stride(1) != 1:
+            mul = mul.to(torch.bfloat16).contiguous()
     native.library().vs_linear_bf16(
         x.data_ptr(), x.stride(0), m, k, w.data_ptr(), w.stride(0), int(weight_rows), n,
         None if b is None else b.data_ptr(), None if mul is None else mul.data_ptr(),
@@ -53,7 +63,7 @@ def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor 
 
 def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
     """x (M, in) Wᵀ + b with w (out, in): (M, out) bfloat16; with `gelu`, gelu of that (rounded to
-    bfloat16 first, as fused_gelu's table takes it). Call it only where `runnable(x, w)`."""
+    bfloat16 first, as fused_gelu's table takes it). Call it only where `runnable(x, w, bias)`."""
     return _call(x, x.shape[1], w, True, w.shape[0], bias, None, gelu)[0]
 
 
@@ -66,5 +76,5 @@ def forward_gelu(x: Tensor, w: Tensor, bias: Tensor | None = None) -> tuple[Tens
 
 def input_grad(g: Tensor, w: Tensor, mul: Tensor | None = None) -> Tensor:
     """g (M, out) W with w (out, in): (M, in) bfloat16, times `mul` (M, in) before rounding where given.
-    Call it only where `runnable(g, w)`."""
+    Call it only where `runnable(g, w, forward=False)`."""
     return _call(g, g.shape[1], w, False, w.shape[1], None, mul)[0]
