@@ -20,10 +20,12 @@
 
 extern uint32_t vs_gelu_table[65536];
 
-enum { MR = 4, NB = 4, MC = 96 }; /* rows and 16-column vectors a block keeps in registers; rows a thread takes at once */
+/* rows a block keeps in registers (MR_LONG where k > 256), its 16-column vectors, rows a thread takes at once */
+enum { MR = 4, MR_LONG = 6, NB = 4, MC = 96 };
 
-enum { PLAIN, MUL, GELU, GELU_H }; /* what a block does with its sums (a constant in each copy of the code: a test
-                              in the block's stores measured 10-20% slower) */
+/* what a block does with its sums (a constant in each copy of the code: a test in the stores measured 10-20%
+   slower) */
+enum { PLAIN, MUL, GELU, GELU_H };
 
 /* 16 sums, rounded to bfloat16 once (after the multiply by `mul` for MUL), stored to y; for GELU, gelu(a) to y
    and gelu'(a) to d, for GELU_H gelu(a) to y alone. */
@@ -49,7 +51,7 @@ static inline __attribute__((always_inline)) void block(const uint16_t *x, int64
                                                         int64_t i, int64_t j, const int mr, const int nb,
                                                         const int mode)
 {
-    __m512 acc[6][NB];
+    __m512 acc[MR_LONG][NB];
     __mmask16 km[NB];
     for (int e = 0; e < nb; e++) {
         const int64_t left = n - (j + 16 * e);
@@ -117,9 +119,9 @@ static inline __attribute__((always_inline)) void rows(const uint16_t *x, int64_
         }                                                                                                     \
     }
     if (kp > 128) {
-        VS_COLUMNS(6)
+        VS_COLUMNS(MR_LONG)
     } else {
-        VS_COLUMNS(4)
+        VS_COLUMNS(MR)
     }
 #undef VS_COLUMNS
 #undef VS_ROWS
