@@ -6,7 +6,10 @@
    takes for a linear layer (pairs.h), but X is never written out: each chunk of KC rows is packed straight
    from x, a row's KH·KW channel segments side by side, the padding as zeros. oneDNN's weight gradient of
    the quick preset's 3x3 stem convs ran at 90-250 GFLOP/s inside its training step on a Zen 4 EPYC (the
-   stride-2 ones slowest); see vitscope/fused_conv.py for what this kernel makes of them. */
+   stride-2 ones slowest); see vitscope/fused_conv.py for what this kernel makes of them. Fetching the next
+   chunk's rows of g and band of x while a chunk's blocks run took the 64 -> 64 conv from 333 to 404 GFLOP/s
+   alone, the four 3x3 convs from 15.2 to 14.1 ms, and the quick preset's step 1.01x (ab_conv_weight_grad.py,
+   ab_native_build.py). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -40,6 +43,18 @@ static inline const uint16_t *tap(const conv_shape *s, patch q, int ky, int kx)
 {
     const int64_t iy = q.y + ky, ix = q.x + kx;
     return iy < 0 || iy >= s->h || ix < 0 || ix >= s->w ? NULL : q.image + (iy * s->w + ix) * s->c;
+}
+
+/* The bytes of x that X's rows m0 .. m0 + rows read (rows > 0): from the first patch's top row to the last's
+   bottom row, whole rows of the image (a chunk's patches lie in a band of the image, or run into the next). */
+static inline const uint16_t *band(const uint16_t *x, const conv_shape *s, int64_t m0, int64_t rows, int64_t *bytes)
+{
+    const int64_t row = s->w * s->c;
+    const patch a = locate(x, s, m0), b = locate(x, s, m0 + rows - 1);
+    const uint16_t *first = a.image + (a.y > 0 ? a.y : 0) * row;
+    const int64_t last = b.y + s->kh < s->h ? b.y + s->kh : s->h;  /* one past the last patch's bottom row */
+    *bytes = (int64_t)((b.image + last * row) - first) * 2;
+    return first;
 }
 
 /* X's rows m0 .. m0 + rows in pairs: dst[r][t·c + e] = the dword (X[m0 + 2r][t·c + e], X[m0 + 2r + 1][t·c + e])
@@ -93,11 +108,23 @@ int vs_conv_weight_grad_bf16(const uint16_t *g, const uint16_t *x, int64_t n, in
                 const int rows = (int)(m1 - k0 < KC ? m1 - k0 : KC), np = (rows + 1) / 2;
                 pack_pairs(g + k0 * o, o, rows, o, gp);
                 pack_patches(x, &s, k0, rows, xp);
+                /* the next chunk's rows of g and band of x, fetched a few lines per block (as weight_grad.c) */
+                const int64_t after = k0 + KC, next = after < m1 ? (m1 - after < KC ? m1 - after : KC) : 0;
+                int64_t xbytes = 0;
+                const uint16_t *xnext = next ? band(x, &s, after, next, &xbytes) : x;
+                fetch_plan f = plan_fetch(g + after * o, next, o * 2, o * 2, xnext, 1, xbytes, 0,
+                                          (i + 16 * CB - 1) / (16 * CB) * (o / RB));
                 int64_t i0 = 0;
                 for (; i0 + 16 * CB <= i; i0 += 16 * CB)
-                    for (int64_t o0 = 0; o0 < o; o0 += RB) pairs_block(gp + o0, o, xp + i0, i, np, acc + o0 * i + i0, i, CB);
+                    for (int64_t o0 = 0; o0 < o; o0 += RB) {
+                        fetch_some(&f);
+                        pairs_block(gp + o0, o, xp + i0, i, np, acc + o0 * i + i0, i, CB);
+                    }
                 for (; i0 < i; i0 += 32)
-                    for (int64_t o0 = 0; o0 < o; o0 += RB) pairs_block(gp + o0, o, xp + i0, i, np, acc + o0 * i + i0, i, 2);
+                    for (int64_t o0 = 0; o0 < o; o0 += RB) {
+                        fetch_some(&f);
+                        pairs_block(gp + o0, o, xp + i0, i, np, acc + o0 * i + i0, i, 2);
+                    }
             }
         }
 #pragma omp barrier

@@ -59,6 +59,38 @@ static inline __attribute__((always_inline)) void pairs_block(const uint32_t *gp
             _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), acc[r][e]));
         }
 }
+/* The next chunk's input lines, fetched into L2 a few at a time while this chunk's blocks run: up to two
+   runs of rows, each rows[t] rows of lines[t] cache lines, stride[t] bytes apart. */
+typedef struct {
+    const char *base[2];
+    int64_t rows[2], lines[2], stride[2];
+    int64_t total, next, per;  /* lines in all, the next to fetch, lines per call of fetch_some */
+} fetch_plan;
+
+/* A plan for n rows of `bytes` bytes at base, stride bytes apart, and m rows of xbytes at xbase, xstride apart,
+   spread over `calls` calls of fetch_some. */
+static inline fetch_plan plan_fetch(const void *base, int64_t n, int64_t bytes, int64_t stride, const void *xbase,
+                                    int64_t m, int64_t xbytes, int64_t xstride, int64_t calls)
+{
+    fetch_plan f = {{(const char *)base, (const char *)xbase}, {n, m}, {(bytes + 63) / 64, (xbytes + 63) / 64},
+                    {stride, xstride}, 0, 0, 0};
+    f.total = f.rows[0] * f.lines[0] + f.rows[1] * f.lines[1];
+    f.per = calls > 0 ? (f.total + calls - 1) / calls : f.total;
+    return f;
+}
+
+static inline void fetch_some(fetch_plan *f)
+{
+    const int64_t end = f->next + f->per < f->total ? f->next + f->per : f->total, first = f->rows[0] * f->lines[0];
+    for (int64_t l = f->next; l < end; l++) {
+        const int t = l >= first;
+        const int64_t e = t ? l - first : l;
+        const int64_t r = e / f->lines[t], c = e - r * f->lines[t];
+        _mm_prefetch(f->base[t] + r * f->stride[t] + c * 64, _MM_HINT_T1);
+    }
+    f->next = end;
+}
+
 /* This thread's packing buffers for kc/2 pairs of rows of o and of i dwords, kept from call to call (grown when
    a call needs more); 0, or -1 where they could not be allocated. Called inside a parallel region. */
 static inline int pair_buffers(int kc, int64_t o, int64_t i, uint32_t **gp, uint32_t **xp)

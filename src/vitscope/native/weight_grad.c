@@ -25,18 +25,6 @@
 
 enum { KC = 128, CB = 4 };
 
-/* Lines [l0, l1) of the next chunk's rows: its `rows` rows of g (lg lines each, stride ldg) and then of x
-   (lx lines each, stride ldx), fetched into L2 while this chunk's sums are taken. */
-static inline void fetch_lines(const uint16_t *g, int64_t ldg, int64_t lg, const uint16_t *x, int64_t ldx, int64_t lx,
-                               int rows, int64_t l0, int64_t l1)
-{
-    const int64_t ng = rows * lg;
-    for (int64_t l = l0; l < l1; l++) {
-        const uint16_t *p = l < ng ? g + l / lg * ldg + l % lg * 32 : x + (l - ng) / lx * ldx + (l - ng) % lx * 32;
-        _mm_prefetch((const char *)p, _MM_HINT_T1);
-    }
-}
-
 /* pack_pairs for g, then each column's sum over the rows added into sums[0 .. n) (float32): the bias
    gradient, read again from the chunk while it is in cache. */
 static void pack_pairs_sum(const uint16_t *y, int64_t ld, int rows, int64_t n, uint32_t *dst, float *sums)
@@ -85,18 +73,12 @@ int vs_weight_grad_bf16(const uint16_t *g, int64_t ldg, const uint16_t *x, int64
                     pack_pairs(g + k0 * ldg, ldg, rows, o, gp);
                 }
                 pack_pairs(x + k0 * ldx, ldx, rows, i, xp);
-                const int64_t after = k0 + KC;  /* the next chunk's first row; its lines are fetched a few per block */
-                const int next = after < m1 ? (int)(m1 - after < KC ? m1 - after : KC) : 0;
-                const int64_t lg = o / 32, lx = i / 32, lines = next * (lg + lx);
-                const int64_t blocks = (i / (16 * CB)) * (o / RB), per = (lines + blocks - 1) / blocks;
-                int64_t l = 0;
+                const int64_t after = k0 + KC, next = after < m1 ? (m1 - after < KC ? m1 - after : KC) : 0;
+                fetch_plan f = plan_fetch(g + after * ldg, next, o * 2, ldg * 2, x + after * ldx, next, i * 2, ldx * 2,
+                                          (i / (16 * CB)) * (o / RB));
                 for (int64_t i0 = 0; i0 < i; i0 += 16 * CB)
                     for (int64_t o0 = 0; o0 < o; o0 += RB) {
-                        if (l < lines) {
-                            fetch_lines(g + after * ldg, ldg, lg, x + after * ldx, ldx, lx, next, l,
-                                        l + per < lines ? l + per : lines);
-                            l += per;
-                        }
+                        fetch_some(&f);
                         pairs_block(gp + o0, o, xp + i0, i, np, c + o0 * i + i0, i, CB);
                     }
             }
