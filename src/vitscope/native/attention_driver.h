@@ -70,15 +70,16 @@ static float *thread_floats(int64_t n)
 static void touch_head(const job_t *j, int64_t bh)
 {
     const int64_t bi = bh / j->h, hi = bh % j->h;
-    const int n = j->in[3] ? 4 : 3;
-    const void *base[4];
-    int64_t rows[4], stride[4];
-    for (int t = 0; t < n; t++) {
-        base[t] = AT(j->in[t], t);
-        rows[t] = t == 1 || t == 2 ? j->nk : j->nq;
+    const int n = j->in[3] ? 4 : 3, outs = j->in[3] ? 3 : 1;
+    const void *base[7];
+    int64_t rows[7], stride[7];
+    for (int t = 0; t < n + outs; t++) {
+        base[t] = t < n ? (const void *)AT(j->in[t], t) : (const void *)AT(j->out[t - n], t);
+        const int kv = t < n ? t == 1 || t == 2 : t - n == 1 || t - n == 2;  /* k, v, dk, dv: nk rows */
+        rows[t] = kv ? j->nk : j->nq;
         stride[t] = ROW(t) * (int64_t)sizeof(ELEM);
     }
-    touch_next(n, base, rows, stride, j->d * (int64_t)sizeof(ELEM));
+    touch_next(n + outs, n, base, rows, stride, j->d * (int64_t)sizeof(ELEM));
 }
 
 static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
