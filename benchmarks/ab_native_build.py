@@ -2,6 +2,7 @@
 
     python benchmarks/ab_native_build.py --ref HEAD --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_native_build.py --ref HEAD~3 --inference --model vit_small_patch16_224 --batch 64
+    python benchmarks/ab_native_build.py --ref HEAD --attention 256 50 4 32 --rounds 10 --steps 20
 
 A change to vitscope/native/ is measured against the commit before it: that commit's kernel sources
 (`git show REF:src/vitscope/native/...`) are built beside the working tree's, both libraries are
@@ -10,11 +11,16 @@ forwards, alternate between them round by round, with `vitscope.native.library` 
 library or the other. Everything else (the Python side, the model, the batch) is the working tree's,
 so the C functions' signatures must be the same in both. Separate processes would not do here: this
 host's speed drifts by 10-20% over minutes, more than most kernel changes are worth.
+
+`--attention B N H D` times the bfloat16 attention kernels alone instead, as a ViT's layer calls them
+(vitscope.short_attention on one fused qkv projection's output, (B, N, 3·H·D)): the forward with its
+log-sum-exps, and the backward, each in milliseconds per call, alternating between the two builds.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
-from vitscope import native  # noqa: E402
+from vitscope import allocator, native, short_attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 NATIVE = "src/vitscope/native"
@@ -92,11 +98,42 @@ def using(step, lib):
     return ab.with_attribute(step, native, "library", lambda: lib)
 
 
+def attention(args, ours, theirs) -> None:
+    """The attention kernels' forward and backward alone, each build in turn, `args.rounds` rounds of
+    `args.steps` calls; prints each one's median milliseconds per call and their ratio."""
+    b, n, h, d = args.attention
+    allocator.keep_freed_memory()  # as in the training steps: no page faults for each call's outputs
+    torch.manual_seed(0)
+    qkv = torch.randn(b, n, 3 * h * d).to(torch.bfloat16)  # (B, N, 3·H·D), as the fused projection writes it
+    scale = d ** -0.5
+    out, lse = short_attention._qkv_forward(qkv, h, scale, -1, True)  # the working tree's build
+    g = torch.randn_like(out)
+    parts = {"forward": lambda: short_attention._qkv_forward(qkv, h, scale, -1, True),
+             "backward": lambda: short_attention._qkv_backward(g, qkv, lse, out.new_empty(0), h, scale, -1)}
+    times = {(part, name): [] for part in parts for name in ("working tree", args.ref)}
+    for fn in parts.values():
+        for lib in (ours, theirs):
+            ab.ms_per_call(using(fn, lib), 3)
+    for _ in range(args.rounds):
+        for part, fn in parts.items():
+            for name, lib in (("working tree", ours), (args.ref, theirs)):
+                times[(part, name)].append(ab.ms_per_call(using(fn, lib), args.steps))
+    print(ab.machine_header())
+    print(f"\nbfloat16 attention, B = {b}, N = {n}, H = {h}, D = {d} (one layer's heads), {args.rounds} "
+          f"alternating rounds of {args.steps} calls\n")
+    print(f"| part | working tree ms | {args.ref} ms | {args.ref} ÷ working tree |\n|---|---:|---:|---:|")
+    for part in parts:
+        a, r = (statistics.median(times[(part, name)]) for name in ("working tree", args.ref))
+        print(f"| {part} | {a:.3f} | {r:.3f} | **{r / a:.3f}** |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ab.add_model_sets(ap)
     ap.add_argument("--ref", default="HEAD", help="the commit whose kernels are B (default HEAD)")
     ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
+    ap.add_argument("--attention", type=int, nargs=4, metavar=("B", "N", "H", "D"),
+                    help="time the bfloat16 attention kernels alone on a (B, N, 3·H·D) qkv instead of a model")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     ours = native.library()
@@ -111,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
                      "this script from a worktree at a commit with the ref's signatures, with "
                      "PYTHONPATH=<worktree>/src")
         theirs = load_from(folder)
+    if args.attention:
+        attention(args, ours, theirs)
+        return
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
     if args.inference:

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -214,3 +215,33 @@ def test_native_build_ab_refuses_kernels_with_other_signatures(tmp_path):
     assert ab_native.differing(found, ab_native.prototypes(theirs)) == ["vs_entry", "vs_norm_bwd", "vs_same"]
     real = ab_native.prototypes(SCRIPT.parent.parent / "src" / "vitscope" / "native")
     assert {"vs_attention_bf16_fwd", "vs_attention_bwd", "vs_add_layer_norm_bwd"} <= set(real)
+
+
+def test_profile_loop_only_runs_steps():
+    r = subprocess.run([sys.executable, str(SCRIPT.parent / "profile_step.py"), "--set", "depth=1", "--batch", "4",
+                        "--loop", "0.2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(r"^\d+ steps, [\d.]+ ms a step \(\d+ images/s\)$", r.stdout.strip())
+    assert "Self CPU" not in r.stdout
+
+
+def test_native_build_ab_times_the_attention_kernels_alone(capsys):
+    """--attention: the forward and backward of one layer's heads, each build in turn (here the working
+    tree's library on both sides, so nothing is compiled)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import ab_native_build as ab_native
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    import torch
+
+    from vitscope import short_attention
+
+    if short_attention.kernel_for(torch.bfloat16) is None:
+        pytest.skip("no bfloat16 attention kernel runs here")
+    lib = ab_native.native.library()
+    args = SimpleNamespace(attention=[2, 50, 2, 32], ref="HEAD", rounds=2, steps=1)
+    ab_native.attention(args, lib, lib)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| forward", "| backward"]
+    assert all(float(row.split(" | ")[1]) > 0 for row in rows[1:])

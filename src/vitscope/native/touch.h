@@ -16,7 +16,8 @@
    The heads' outputs (o, or dq, dk and dv) are fetched the same way, for writing (prefetchw): each row of a
    head's output is a line of its own, and its stores had waited on reading it first. The plain 28x28 ViT's
    attention alone (256 x 4 heads of 50 tokens, one layer on 2 threads) ran its backward 1.03-1.05x and its
-   forward 1.00-1.03x, ViT-S/16's 1.03x and 1.02x (alternating builds in one process, Zen 4).
+   forward 1.00-1.04x; ViT-S/16's (32 x 6 heads of 197) stayed within 1% either way (Zen 4;
+   benchmarks/ab_native_build.py --attention).
 
    The driver names the next head (touch_next) and, before starting it, issues whatever was not yet
    fetched (touch_rest); a head function says how many steps it will take (touch_plan) and calls
