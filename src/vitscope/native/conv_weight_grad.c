@@ -105,11 +105,11 @@ int vs_conv_weight_grad_bf16(const uint16_t *g, const uint16_t *x, int64_t n, in
             int64_t m0, m1;
             chunk_share(m, KC, t, nt, &m0, &m1);
             for (int64_t k0 = m0; k0 < m1; k0 += KC) {
-                const int rows = (int)(m1 - k0 < KC ? m1 - k0 : KC), np = (rows + 1) / 2;
+                const int rows = chunk_rows(k0, KC, m1), np = (rows + 1) / 2;
                 pack_pairs(g + k0 * o, o, rows, o, gp);
                 pack_patches(x, &s, k0, rows, xp);
                 /* the next chunk's rows of g and band of x, fetched a few lines per block (as weight_grad.c) */
-                const int64_t after = k0 + KC, next = after < m1 ? (m1 - after < KC ? m1 - after : KC) : 0;
+                const int64_t after = k0 + KC, next = chunk_rows(after, KC, m1);
                 int64_t xbytes = 0;
                 const uint16_t *xnext = next ? band(x, &s, after, next, &xbytes) : x;
                 fetch_plan f = plan_fetch(g + after * o, next, o * 2, o * 2, xnext, 1, xbytes, 0,

@@ -59,6 +59,7 @@ static inline __attribute__((always_inline)) void pairs_block(const uint32_t *gp
             _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), acc[r][e]));
         }
 }
+
 /* The next chunk's input lines, fetched into L2 a few at a time while this chunk's blocks run: up to two
    runs of rows, each rows[t] rows of lines[t] cache lines, stride[t] bytes apart. */
 typedef struct {
@@ -103,6 +104,9 @@ static inline int pair_buffers(int kc, int64_t o, int64_t i, uint32_t **gp, uint
     *gp = g, *xp = x;
     return g && x ? 0 : -1;
 }
+
+/* The rows of the chunk of kc that starts at row k0, before row m1 (0 where k0 >= m1). */
+static inline int chunk_rows(int64_t k0, int kc, int64_t m1) { return k0 < m1 ? (int)(m1 - k0 < kc ? m1 - k0 : kc) : 0; }
 
 /* Thread t's share of m rows, whole chunks of kc in order: [*m0, *m1). */
 static inline void chunk_share(int64_t m, int kc, int t, int nt, int64_t *m0, int64_t *m1)

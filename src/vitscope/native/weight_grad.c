@@ -13,8 +13,9 @@
    While a chunk's blocks run, the next chunk's rows of g and x are fetched into L2, a few lines per block:
    packing had waited on them (about 14% of the kernel's samples in a training step's profile). With that, and
    chunks of 128 rows instead of 256 (the packed chunk, the next one's rows and the sums share L2), the
-   kernel went from 391-399 to 412-421 GFLOP/s on 2 threads at M = 12800 (Zen 4; the CPU's vdpbf16ps
-   peak is 445-469), and the plain ViT's training step 1.03x (benchmarks/ab_native_build.py). */
+   plain ViT's four shapes went from 382-399 to 396-413 GFLOP/s alone on 2 threads at M = 12800 (Zen 4; the
+   CPU's vdpbf16ps peak is 445-469; benchmarks/ab_weight_grad.py), and its training step 1.03x
+   (benchmarks/ab_native_build.py). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -64,7 +65,7 @@ int vs_weight_grad_bf16(const uint16_t *g, int64_t ldg, const uint16_t *x, int64
             int64_t m0, m1;  /* whole chunks per thread, in order: thread t sums rows [m0, m1) */
             chunk_share(m, KC, t, nt, &m0, &m1);
             for (int64_t k0 = m0; k0 < m1; k0 += KC) {
-                const int rows = (int)(m1 - k0 < KC ? m1 - k0 : KC), np = (rows + 1) / 2;
+                const int rows = chunk_rows(k0, KC, m1), np = (rows + 1) / 2;
                 if (bsum) {
                     memset(csum, 0, (size_t)o * sizeof(float));
                     pack_pairs_sum(g + k0 * ldg, ldg, rows, o, gp, csum);
@@ -73,7 +74,7 @@ int vs_weight_grad_bf16(const uint16_t *g, int64_t ldg, const uint16_t *x, int64
                     pack_pairs(g + k0 * ldg, ldg, rows, o, gp);
                 }
                 pack_pairs(x + k0 * ldx, ldx, rows, i, xp);
-                const int64_t after = k0 + KC, next = after < m1 ? (m1 - after < KC ? m1 - after : KC) : 0;
+                const int64_t after = k0 + KC, next = chunk_rows(after, KC, m1);
                 fetch_plan f = plan_fetch(g + after * ldg, next, o * 2, ldg * 2, x + after * ldx, next, i * 2, ldx * 2,
                                           (i / (16 * CB)) * (o / RB));
                 for (int64_t i0 = 0; i0 < i; i0 += 16 * CB)
