@@ -29,10 +29,13 @@ DTYPES = ("bfloat16", "float32")
 
 
 def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adamw", *,
-                  keep_freed_memory: bool = True, dtype: str = "bfloat16") -> Callable[[], None]:
+                  keep_freed_memory: bool = True, dtype: str = "bfloat16",
+                  phase: Callable[[str, Callable[[], object]], object] | None = None) -> Callable[[], None]:
     """One training step of `model` on a fixed random batch, as a closure, under bfloat16 autocast
     (`dtype="float32"`: none); the optimizer is built as vitscope.train builds it, and the process
-    keeps its freed memory unless `keep_freed_memory` is False (see the module's docstring)."""
+    keeps its freed memory unless `keep_freed_memory` is False (see the module's docstring). `phase`,
+    where given, runs each of the step's three parts, phase(name, part) for "forward" (with the loss),
+    "backward" and "optimizer" (with zero_grad), and returns what the part returns: a way to time them."""
     if keep_freed_memory:
         allocator.keep_freed_memory()
     pe = model.patch_embed
@@ -40,12 +43,22 @@ def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adam
     y = torch.randint(0, model.config.num_classes, (batch,))  # the model's own: --set num_classes counts
     opt = build_optimizer(optimizer, model, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), device=torch.device("cpu"))
 
-    def step() -> None:
+    def forward() -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-            loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+            return nn.functional.cross_entropy(model(x), y)
+
+    def update() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    def step() -> None:
+        if phase is None:
+            forward().backward()
+            update()
+        else:
+            loss = phase("forward", forward)
+            phase("backward", loss.backward)
+            phase("optimizer", update)
 
     return step
 

@@ -3,18 +3,24 @@
     python benchmarks/profile_step.py                                   # the quick preset, batch 128
     python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/profile_step.py --optimizer muon --rows 30
+    python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --kernels
     perf record -e cpu-clock -D 6000 -o /tmp/perf.data python benchmarks/profile_step.py \
         --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --loop 16   # then: perf report -i /tmp/perf.data
 
 The step is the one the ab_*.py scripts time (benchmarks/_ab.py: bfloat16 autocast, forward,
 cross-entropy, backward, the optimizer as vitscope.train builds it). After a warm-up it profiles
-`--steps` steps and prints the machine, then the operators sorted by self CPU time. With `--loop SECONDS`
+`--steps` steps and prints the machine, then the operators sorted by self CPU time. `--kernels` times
+instead each call into vitscope's C kernels (native.library() answers a wrapper that times them) and each
+part of the step (forward with the loss, backward, optimizer), and prints per part the time inside the
+kernels and outside them (Python, autograd, PyTorch's own ops), and per kernel its calls and time: how
+much of the step the kernels can still win, and what is left around them. With `--loop SECONDS`
 it only runs steps for that long, for a sampling profiler outside Python to watch (perf's cpu-clock
 event works where the CPU's counters are not exposed, as in this project's VMs; -D skips the start-up).
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from pathlib import Path
@@ -25,7 +31,70 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
+from vitscope import native  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
+
+
+class _TimedLibrary:
+    """Stands in for the loaded kernels: each C function called through it adds its wall time and a call to
+    `seconds` and `calls` under its name, and to `total[0]`."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.seconds: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+        self.total = [0.0]
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._lib, name)
+
+        def timed(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                dt = time.perf_counter() - t0
+                self.seconds[name] += dt
+                self.calls[name] += 1
+                self.total[0] += dt
+        return timed
+
+
+def kernels(args, model) -> None:
+    """`--kernels`: the step's parts, inside vitscope's C kernels and outside them, and each kernel's time."""
+    lib = native.library()
+    if lib is None:
+        sys.exit(f"vitscope's kernels do not run here: {native.why_not()}")
+    timed = _TimedLibrary(lib)
+    parts: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])  # part: [wall, in kernels]
+
+    def phase(name, part):
+        k0, t0 = timed.total[0], time.perf_counter()
+        out = part()
+        parts[name][0] += time.perf_counter() - t0
+        parts[name][1] += timed.total[0] - k0
+        return out
+
+    step = ab.training_step(model, args.batch, args.optimizer, dtype=args.dtype, phase=phase)
+    native.library = lambda: timed  # every caller asks native.library() at each call
+    for _ in range(3):
+        step()
+    parts.clear()
+    timed.seconds.clear()
+    timed.calls.clear()
+    for _ in range(args.steps):
+        step()
+    n = args.steps
+    print(machine_header())
+    name = " ".join([args.model, *args.set])
+    print(f"\n{name}, batch {args.batch}, {args.optimizer}, {ab.step_label(args)} training step, {n} steps\n")
+    print("| part | ms a step | in vitscope's kernels | outside them |\n|---|---:|---:|---:|")
+    for part, (wall, inside) in [*parts.items(), ("whole step", [sum(v[0] for v in parts.values()),
+                                                              sum(v[1] for v in parts.values())])]:
+        print(f"| {part} | {wall / n * 1e3:.1f} | {inside / n * 1e3:.1f} | {(wall - inside) / n * 1e3:.1f} |")
+    print("\n| kernel | calls a step | ms a step |\n|---|---:|---:|")
+    for kernel, seconds in timed.seconds.most_common():
+        print(f"| {kernel} | {timed.calls[kernel] / n:g} | {seconds / n * 1e3:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,10 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=20, help="operators to list")
     ap.add_argument("--loop", type=float, metavar="SECONDS",
                     help="run steps for SECONDS without torch.profiler (for perf record and the like)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="time the calls into vitscope's C kernels and the step's parts instead of profiling")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
+    if args.kernels:
+        kernels(args, model)
+        return
     step = ab.training_step(model, args.batch, args.optimizer, dtype=args.dtype)
     for _ in range(3):
         step()

@@ -245,3 +245,17 @@ def test_native_build_ab_times_the_attention_kernels_alone(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| forward", "| backward"]
     assert all(float(row.split(" | ")[1]) > 0 for row in rows[1:])
+
+
+def test_profile_kernels_splits_the_step_inside_and_outside_the_kernels():
+    from vitscope import native
+
+    if native.library() is None:
+        pytest.skip("vitscope's kernels do not run here")
+    out, rows = _table("profile_step.py", "--set", "depth=1", "--batch", "4", "--steps", "2", "--kernels")
+    parts = {row.split(" | ")[0][2:]: [float(v) for v in row.strip(" |").split(" | ")[1:]] for row in rows[1:5]}
+    assert list(parts) == ["forward", "backward", "optimizer", "whole step"]
+    for wall, inside, outside in parts.values():
+        assert wall > 0 and inside >= 0 and abs(wall - inside - outside) < 0.11
+    assert parts["whole step"][1] > 0  # some kernel ran
+    assert any(row.startswith("| vs_") for row in rows)
