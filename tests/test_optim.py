@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from vitscope import bf16
 from vitscope.models import create_model
 from vitscope.optim import MuonWithAdamW, build_optimizer, matrix_view, muon_param_names
 
@@ -63,7 +64,8 @@ def test_three_steps_equal_torch_muon_on_the_flattened_kernels_and_adamw_on_the_
     ref_adamw = torch.optim.AdamW([{"params": [rest[n] for n in rest if n not in no_decay], "weight_decay": 0.05},
                                    {"params": [rest[n] for n in rest if n in no_decay], "weight_decay": 0.0}],
                                   lr=1e-2, betas=(0.9, 0.99))
-    for _ in range(3):
+    steps = 3
+    for _ in range(steps):
         loss = model(torch.randn(4, 1, 16, 16)).square().mean()
         opt.zero_grad()
         loss.backward()
@@ -75,8 +77,14 @@ def test_three_steps_equal_torch_muon_on_the_flattened_kernels_and_adamw_on_the_
     for n, p in model.named_parameters():
         want = mats[n] if n in mats else rest[n]
         assert not torch.equal(p.detach(), ref[n]), f"{n} did not move"
-        torch.testing.assert_close(flat(p.detach()) if n in mats else p.detach(), want.detach(),
-                                   atol=1e-6, rtol=1e-5, msg=n)
+        if n in mats:
+            # torch's Newton-Schulz iteration is bfloat16: where bfloat16 matmuls are emulated (AVX2 CPUs) its
+            # sums round in another order than vitscope's, so allow one bfloat16 rounding of each step's update
+            update = 1e-2 * 0.2 * max(want.shape) ** 0.5
+            atol = 1e-6 if bf16.native_matmul() else steps * update * 2**-7
+            torch.testing.assert_close(flat(p.detach()), want.detach(), atol=atol, rtol=1e-5, msg=n)
+        else:
+            torch.testing.assert_close(p.detach(), want.detach(), atol=1e-6, rtol=1e-5, msg=n)
 
 
 def test_state_dict_round_trip_and_a_foreign_state_is_a_clear_error():

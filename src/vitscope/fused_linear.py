@@ -36,18 +36,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitscope import bf16
+
 _KERNEL = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
 
 @functools.cache
 def available() -> bool:
     """True where this build of torch has oneDNN's linear and the CPU runs it in bfloat16."""
-    if _KERNEL is None or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return _KERNEL is not None and bf16.native_matmul("cpu")
 
 
 def needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:

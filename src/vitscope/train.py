@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitscope import allocator
+from vitscope import allocator, bf16
 from vitscope import distributed as D
 from vitscope.checkpoints import (
     atomic_write,
@@ -133,10 +133,8 @@ def pick_device(name: str) -> torch.device:
 def use_bf16(amp: str, device: torch.device) -> bool:
     if amp != "auto":
         return amp == "bf16"
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    # CPUs with AVX512-BF16 or AMX run bf16 matmuls natively; elsewhere bf16 is emulated and slow.
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    # GPUs with bf16 and AVX-512 CPUs run bf16 matmuls natively; elsewhere bf16 is emulated and slow.
+    return bf16.native_matmul(device)
 
 
 def lr_at(step: int, total: int, warmup: int, cfg: TrainConfig) -> float:
