@@ -66,6 +66,8 @@ def machine_info() -> dict[str, object]:
     """Facts about this machine and software, for a benchmark's header."""
     import torch
 
+    from vitscope import bf16
+
     model, flags = _cpuinfo()
     mem_gib = None
     try:
@@ -83,6 +85,7 @@ def machine_info() -> dict[str, object]:
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_matmul": "native (oneDNN)" if bf16.native_matmul() else "emulated (PyTorch's fallback loop; slow)",
         "python": platform.python_version(),
         "vitscope_commit": commit(),
         "uncommitted": uncommitted(),
@@ -102,6 +105,7 @@ def machine_header(extra: dict[str, object] | None = None) -> str:
         "torch_threads": "torch threads",
         "torch": "torch",
         "torch_cpu_capability": "torch CPU capability",
+        "bf16_matmul": "bfloat16 matmuls",
         "python": "python",
         "vitscope_commit": "vitscope commit",
         "uncommitted": "tracked files changed since that commit",

@@ -154,6 +154,28 @@ def test_torch_compile_traces_a_vit_in_one_graph(bf16):
     assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
 
 
+def test_has_carries_the_marker_assume_constant_result_sets():
+    """native.has is marked as torch.compiler.assume_constant_result marks a function, without importing
+    torch._dynamo with vitscope: whatever the decorator sets on a function, `has` has too."""
+
+    def probe() -> bool:
+        return True
+
+    before = set(vars(probe))
+    marked = torch.compiler.assume_constant_result(probe)
+    added = {k: v for k, v in vars(marked).items() if k not in before}
+    assert added, "assume_constant_result no longer marks the function: mark native.has with the decorator"
+    assert all(getattr(native.has, k, None) == v for k, v in added.items()), added
+
+
+def test_importing_vitscope_leaves_dynamo_unloaded():
+    """torch._dynamo costs 2-3 s to import: every CLI command and script would pay it."""
+    code = "import sys, vitscope, vitscope.cli, vitscope.train; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
 @pytest.mark.skipif(not native.has("avx512"), reason=f"kernels unavailable: {native.why_not('avx512')}")
 def test_a_model_compiled_before_any_eager_call_gets_the_kernels():
     """In a fresh process, torch.compile traces the model before anything has loaded the library: the

@@ -225,7 +225,6 @@ def library() -> ctypes.CDLL | None:
         return _load()
 
 
-@torch.compiler.assume_constant_result
 def has(isa: str) -> bool:
     """Whether kernels compiled for `isa` (a key of ISAS) may run here: the library loaded and the CPU
     has the instructions. Inside torch.compile's tracing Dynamo calls it and keeps the answer as a
@@ -233,6 +232,11 @@ def has(isa: str) -> bool:
     call that asks); so a model compiled before any eager call loads the library and gets the kernels
     too. Loading once is all that can change the answer, so the constant holds for the process."""
     return library() is not None and _isas.get(isa) is None
+
+
+# What torch.compiler.assume_constant_result(has) does, without importing torch._dynamo with vitscope (2.3 s
+# of every `import vitscope`); tests/test_native.py checks that the decorator sets this very marker.
+has._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def runnable(*tensors, isa: str) -> bool:
