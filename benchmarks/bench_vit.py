@@ -430,7 +430,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"shapes to run (default all: {', '.join(SHAPES)})")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), metavar="IMPL",
                         help=f"implementations (default all: {', '.join(IMPLS)}); presets run vitscope only")
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=None,
+                        help="dtypes to run (default: both; float32 alone where bfloat16 matmuls are only emulated, "
+                             "as on AVX2 CPUs, whose bfloat16 steps take minutes in every implementation)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="also run every case under torch.compile (default: on, off with --quick)")
@@ -475,6 +477,13 @@ def main(argv: list[str] | None = None) -> None:
     steps = args.steps if args.steps is not None else (3 if args.quick else 0)  # 0: fill target_s
     quiet = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 3.0)
     batches = {mode: _batches(getattr(args, f"{mode}_batch"), mode, args.quick) for mode in MODES}
+    if args.dtypes is None:
+        from vitscope import bf16
+
+        args.dtypes = list(DTYPES) if bf16.native_matmul() else ["float32"]
+        if not bf16.native_matmul():
+            print("note: bfloat16 matmuls are emulated on this CPU (PyTorch's fallback loop, 1-15 GFLOP/s): the "
+                  "bfloat16 rows are skipped; --dtypes float32 bfloat16 runs them anyway", file=sys.stderr)
     impls = list(args.impls)
     if "vit-pytorch" in impls and importlib.util.find_spec("vit_pytorch") is None:
         print(f"note: vit-pytorch is not installed, so its rows are skipped; to add them: {VIT_PYTORCH_INSTALL}",
@@ -492,7 +501,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def measure_peaks() -> dict[str, dict]:
         found = {}
-        for dtype in DTYPES:
+        for dtype in args.dtypes:
             r = spawn({**peak_spec, "dtype": dtype})
             if "error" in r:
                 sys.exit(f"measuring the {dtype} matmul peak failed: {r['error']}")
@@ -535,10 +544,10 @@ def main(argv: list[str] | None = None) -> None:
     results = [median_pass(r) for r in runs]
 
     peaks_after = peaks_before if args.quick else measure_peaks()
-    peaks = {d: max(peaks_before[d]["gflops"], peaks_after[d]["gflops"]) for d in DTYPES}
+    peaks = {d: max(peaks_before[d]["gflops"], peaks_after[d]["gflops"]) for d in args.dtypes}
 
     block = []
-    for dtype in DTYPES:
+    for dtype in args.dtypes:
         per_size = "; ".join(
             f"{when}: " + ", ".join(f"{s}² {g:.0f}" for s, g in r["per_size"].items())
             for when, r in (("before", peaks_before[dtype]), ("after", peaks_after[dtype]))[:1 if args.quick else 2])
