@@ -13,6 +13,9 @@ inference forwards (`torch.inference_mode`, bfloat16 autocast, a fixed random ba
 (`nn.Linear`'s `addmm`, a separate GELU, the patch conv), in alternating rounds in one process, and
 prints each round's images/s and the median of the per-round ratios, fused first.
 
+`--dtype float32` instead compares float32 linear layers through oneDNN's linear (forward and input
+gradient; where `fused_linear.float32_available()`, AMD CPUs without AVX-512) against `F.linear` (MKL).
+
 `--gelu` instead compares inference's two ways to fuse fc1's GELU: the matmul, then vitscope's table
 pass (what runs where vitscope's C kernels do), against oneDNN's erf GELU in the matmul's epilogue.
 """
@@ -52,27 +55,32 @@ def main(argv: list[str] | None = None) -> None:
                     help="inference's GELU: vitscope's table pass after the matmul against oneDNN's epilogue")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
-    if not fused_linear.available():
+    f32 = args.dtype == "float32"
+    if f32 and not fused_linear.float32_available():
+        sys.exit("float32 linear layers keep F.linear on this CPU (fused_linear.float32_available): nothing to compare")
+    if not f32 and not fused_linear.available():
         sys.exit("this torch build or CPU has no oneDNN bfloat16 linear: nothing to compare")
     allocator.keep_freed_memory()  # as `vitscope eval` does
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
     if args.training:
-        step = ab.training_step(model, args.batch)
+        step = ab.training_step(model, args.batch, dtype=args.dtype)
     else:
-        step = inference_step(model.eval(), args.batch)
+        step = inference_step(model.eval(), args.batch, args.dtype)
     if args.gelu:
         epilogue = lambda x, w, b: fused_linear._KERNEL(x, w, b, "gelu", [], "none")  # noqa: E731
         steps = {"GELU table": step, "GELU epilogue": ab.with_attribute(step, fused_linear, "_linear_gelu", epilogue)}
     else:
-        steps = {"fused": step, "nn.Linear": ab.with_attribute(step, fused_linear, "available", lambda: False)}
+        switch = "float32_available" if f32 else "available"
+        steps = {"fused": step, "nn.Linear": ab.with_attribute(step, fused_linear, switch, lambda: False)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
     what = ("training step", "steps") if args.training else ("inference forward", "forwards")
-    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what[0]}, {args.rounds} "
+    print(f"\n{args.model}{sets}, batch {args.batch}, {ab.step_label(args)} {what[0]}, {args.rounds} "
           f"alternating rounds of {args.steps} {what[1]}\n")
-    print(ab.ratio_table(rates, *steps, f"linear layers in bf16 {what[0].split()[0]}"))
+    short = "fp32" if f32 else "bf16"
+    print(ab.ratio_table(rates, *steps, f"linear layers in {short} {what[0].split()[0]}"))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ float32 sums where `weight_and_bias_grad` runs vitscope's kernel); the GELU then
 a separate op, since its backward needs fc1's output before it. Calls that forward-mode AD or
 torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat16 (under CPU
 autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
-records a graph. In float32 it measured no faster, so float32 keeps `F.linear`. On CPUs with
+records a graph. In float32 it measured no faster on a Xeon with AMX (where torch's float32 matmul is
+MKL's, tuned for it), but on AMD CPUs without AVX-512 MKL takes a generic path and oneDNN's float32 linear
+is 1.15-1.6x as fast forward and for the input gradient (`float32_fusable`, below). On CPUs with
 AVX512-BF16 and no AMX, vitscope's own product kernel (linear_kernel.py) takes the forward, the GELU
 and the input gradient in place of oneDNN's where it runs (`product`, `input_grad`).
 
@@ -45,6 +47,39 @@ _KERNEL = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 def available() -> bool:
     """True where this build of torch has oneDNN's linear and the CPU runs it in bfloat16."""
     return _KERNEL is not None and bf16.native_matmul("cpu")
+
+
+@functools.cache
+def float32_available() -> bool:
+    """True where float32 linear layers run faster through oneDNN than through torch's default (MKL's sgemm):
+    AMD CPUs with AVX2 and no AVX-512 (Zen 2 and Zen 3). Measured on a 2-core Zen 3 EPYC at the plain 28x28
+    ViT's shapes (M = 12800; benchmarks/RESULTS.md): x Wᵀ + b 117-127 GFLOP/s median against MKL's 77-104,
+    the input gradient g W 100-127 against 65-93; the weight gradient gᵀ x stays MKL's (91-108 against
+    oneDNN's 48-93). Other CPUs keep F.linear: on a Xeon with AMX oneDNN measured no faster, and Intel's
+    AVX2 parts and AMD's AVX-512 ones have not been measured."""
+    from . import native  # here: native imports this module
+
+    if _KERNEL is None or not torch.backends.mkldnn.is_available():
+        return False
+    flags = native.cpu_features()
+    return native.cpu_vendor() == "AuthenticAMD" and {"avx2", "fma"} <= flags and "avx512f" not in flags
+
+
+def float32_fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `linear_float32(x, weight, bias)` may run here and give what `F.linear` would (to float32
+    rounding), with or without autograd recording it: float32 CPU tensors outside autocast, oneDNN on,
+    no trace recording, no forward-mode AD or torch.func, and `float32_available()`."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if x.device.type != "cpu" or weight.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
+        return False
+    if not torch.backends.mkldnn.enabled or torch.is_autocast_enabled("cpu"):
+        return False
+    if not (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)):
+        return False
+    if needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)):
+        return False
+    return float32_available()
 
 
 def needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -180,6 +215,8 @@ def input_grad(g: Tensor, weight: Tensor) -> Tensor:
 
     if linear_kernel.runnable(g, weight, forward=False):
         return linear_kernel.input_grad(g, weight)
+    if g.dtype == torch.float32 and float32_available():
+        return _KERNEL(g, weight.t(), None, "none", [], "")  # oneDNN reads Wᵀ in place: (M, out) -> (M, in)
     return g @ weight
 
 
@@ -225,6 +262,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu: bool 
     return product(x, weight, bias)
 
 
+def linear_float32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (..., in) -> (..., out) = x Wᵀ + b in float32 through oneDNN's linear; where autograd records, the
+    backward's input gradient through oneDNN too and the weight gradient through torch's matmul. Call it
+    only where `float32_fusable(x, weight, bias)`. (oneDNN's erf GELU epilogue measured slower than the
+    matmul and a separate GELU in float32, so GELU stays separate.)"""
+    if needs_grad(x, weight, bias):
+        return _LinearWithGrad.apply(x, weight, bias)
+    return product(x, weight, bias)
+
+
 def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """gelu(x Wᵀ + b) in inference. Where vitscope's kernels run, the matmul writes x Wᵀ + b and a pass
     looks GELU up per bfloat16 value in a table of the float64 results, rounded (native/gelu.c). On a
@@ -243,11 +290,14 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` that adds its bias inside oneDNN's matmul where `fusable` allows, in inference and training.
+    """`nn.Linear` that adds its bias inside oneDNN's matmul where `fusable` allows, in inference and training,
+    and runs float32 through oneDNN where `float32_fusable` says it is faster.
 
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
         if fusable(x, self.weight, self.bias):
             return linear(x, self.weight, self.bias)
+        if float32_fusable(x, self.weight, self.bias):
+            return linear_float32(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

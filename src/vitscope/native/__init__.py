@@ -81,6 +81,18 @@ def cpu_features() -> set[str]:
     return set()
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("GenuineIntel", "AuthenticAMD"; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
 def compiler() -> str | None:
     """The C compiler to build with: `$CC`, else cc, gcc or clang on the PATH."""
     env = os.environ.get("CC")
