@@ -1,6 +1,6 @@
 """An upper bound on attention's forward rate from its softmax alone: the exps, timed with torch.exp.
 
-    python benchmarks/softmax_bound.py
+    python benchmarks/softmax_bound.py [--sizes 2048 4096]
 
 A softmax attention forward over N keys evaluates exp N² times per head, next to 4·N²·D
 multiply-add FLOPs (q kᵀ and the mix with v). However fast the matmuls run, a forward cannot take
@@ -40,7 +40,13 @@ def exp_rate(dtype: torch.dtype, repeats: int = 5) -> float:
     return ELEMENTS / best
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096],
+                    help="square torch.mm sizes for the peak (default 2048 4096; emulated bfloat16 takes 128-512)")
+    args = ap.parse_args(argv)
     print(machine_header())
     print("\n| dtype | exp rate, G elements/s | bound: GFLOP/s at D = 64 | torch.mm peak, GFLOP/s "
           "| bound as % of peak |")
@@ -49,7 +55,7 @@ def main() -> None:
         rate = exp_rate(dtype)
         bound = 4 * HEAD_DIM * rate / 1e9
         name = str(dtype).removeprefix('torch.')
-        spec = {"threads": torch.get_num_threads(), "dtype": name, "sizes": [2048, 4096], "repeats": 6}
+        spec = {"threads": torch.get_num_threads(), "dtype": name, "sizes": args.sizes, "repeats": 6}
         peak = run_peak(spec)["gflops"]
         print(f"| {name} | {rate / 1e9:.2f} | {bound:,.0f} | {peak:,.0f} | "
               f"{100 * bound / peak:.0f} |")

@@ -1,5 +1,5 @@
-"""vitscope's float32 attention kernel (short sequences, AVX-512) against float64, PyTorch's kernels and
-torch.nn.MultiheadAttention."""
+"""vitscope's float32 attention kernel (short sequences; the AVX-512 build, else the AVX2 one, whichever runs
+here) against float64, PyTorch's kernels and torch.nn.MultiheadAttention."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from vitscope import native, short_attention
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.models import create_model
 
-needs_kernel = pytest.mark.skipif(not native.has("avx512"), reason=f"kernel unavailable: {native.why_not('avx512')}")
+KERNEL = short_attention.kernel_for(torch.float32)
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"kernel unavailable: {short_attention.why_not(torch.float32)}")
 SHAPES = [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 16), (15, 16, 32), (16, 17, 64), (33, 31, 96),
           (64, 256, 128), (100, 255, 48), (256, 256, 16)]
+if KERNEL is not None and KERNEL.head_dim_multiple == 8:  # the AVX2 build's narrower vectors take these too
+    SHAPES += [(50, 50, 8), (9, 23, 24), (197, 197, 40), (31, 130, 72)]
 
 
 def _qkv(b, h, nq, nk, d, seed=0, dtype=torch.float32):
@@ -91,7 +94,9 @@ def test_attend_routes_only_what_the_kernel_computes():
     with torch.inference_mode():
         assert attend(q, k, v).transpose(1, 2).is_contiguous()  # the kernel's (B, N, H, D) layout
     assert short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # multiples of 16, not only of 32
-    assert not short_attention.usable(*_qkv(1, 1, 8, 8, 40))
+    multiple = KERNEL.head_dim_multiple  # 16 with AVX-512, 8 with AVX2
+    assert short_attention.usable(*_qkv(1, 1, 8, 8, 40)) == (40 % multiple == 0)
+    assert not short_attention.usable(*_qkv(1, 1, 8, 8, 36))
     assert not short_attention.usable(*_qkv(1, 1, 8, 257, 32))  # more keys than the kernel holds
     assert not short_attention.usable(*_qkv(1, 1, 8, 8, 32, dtype=torch.float64))
     long_q = _qkv(1, 1, 300, 8, 32)[0].requires_grad_()

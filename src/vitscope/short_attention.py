@@ -57,7 +57,8 @@ class Kernel:
 
 
 # Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
-KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),),
+KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
+                           Kernel("avx2", 8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd")),
            torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", any_length=True),
                             Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd",
                                    any_length=True))}

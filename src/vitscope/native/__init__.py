@@ -3,12 +3,13 @@
 Nothing here is needed for vitscope to work: where there is no compiler, the CPU lacks the
 instructions a kernel needs, or `VITSCOPE_NATIVE=0` is set, callers keep their PyTorch path.
 
-Each source is compiled for its own instruction set (`SOURCES`): the float32 attention for AVX-512
-alone (any AVX-512 CPU: Intel since Skylake-SP, AMD since Zen 4), the bfloat16 GELU, LayerNorm and
-residual kernels and one build of the bfloat16 attention for AVX-512 with its bfloat16 extension
-(AMD since Zen 4, Intel since Cooper Lake), the other build of the bfloat16 attention for AMX. The
-library loads where the CPU has the first; `has(isa)` says whether a kernel of that set may run,
-and `why_not(isa)` why not.
+Each source is compiled for its own instruction set (`SOURCES`): one build of the float32 attention for
+AVX2 with FMA (every x86-64 CPU since about 2013-2015: AMD before Zen 4, Intel's desktop and laptop
+parts), the other for AVX-512 alone (any AVX-512 CPU: Intel since Skylake-SP, AMD since Zen 4), the
+bfloat16 GELU, LayerNorm and residual kernels and one build of the bfloat16 attention for AVX-512 with
+its bfloat16 extension (AMD since Zen 4, Intel since Cooper Lake), the other build of the bfloat16
+attention for AMX. The library loads where the CPU has the first; `has(isa)` says whether a kernel of
+that set may run, and `why_not(isa)` why not.
 
 A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/native`, else
 `~/.cache/vitscope/native`), named by a hash of the source, the compiler and its flags, so an edited
@@ -40,16 +41,18 @@ _LOCK = threading.Lock()
 
 # The instruction sets: each one's compiler flags, and the CPU features (/proc/cpuinfo's names) a kernel
 # compiled with them needs. Each builds on the one before it.
-_BASE_FLAGS = ["-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
-_BASE_FEATURES = ("fma", "avx512f", "avx512bw", "avx512vl", "avx512dq")
+_BASE_FLAGS = ["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+_BASE_FEATURES = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq")
 ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
+    "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
     "avx512": (_BASE_FLAGS, _BASE_FEATURES),
     "avx512_bf16": ([*_BASE_FLAGS, "-mavx512bf16"], (*_BASE_FEATURES, "avx512_bf16")),
     "amx": ([*_BASE_FLAGS, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
             (*_BASE_FEATURES, "avx512_bf16", "amx_tile", "amx_bf16")),
 }
 # Which instruction set each source is compiled for (another source: the base set).
-SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "batch_norm.c": "avx512_bf16",
+SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "attention_f32_avx2.c": "avx2",
+           "batch_norm.c": "avx512_bf16",
            "conv_weight_grad.c": "avx512_bf16", "gelu.c": "avx512_bf16", "layer_norm.c": "avx512_bf16",
            "linear.c": "avx512_bf16", "residual.c": "avx512_bf16", "short_attention.c": "amx",
            "weight_grad.c": "avx512_bf16"}
@@ -166,7 +169,7 @@ def _unavailable() -> str | None:
         return "switched off by VITSCOPE_NATIVE=0"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels are for Linux on x86-64, not {platform.system()} on {platform.machine()}"
-    lacking = _lacking("avx512")
+    lacking = _lacking("avx2")
     if lacking:
         return lacking
     if compiler() is None:
@@ -194,10 +197,12 @@ def _load() -> ctypes.CDLL | None:
     if _isas["amx"] is None and lib.vs_amx_init() != 0:
         _isas["amx"] = "the kernel refused AMX to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed)"
     p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    for attention in (lib.vs_attention_fwd, lib.vs_attention_bf16_fwd, lib.vs_attention_f32_fwd):
+    for attention in (lib.vs_attention_fwd, lib.vs_attention_bf16_fwd, lib.vs_attention_f32_fwd,
+                      lib.vs_attention_f32_avx2_fwd):
         attention.argtypes = [p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
         attention.restype = i32
-    for attention in (lib.vs_attention_bwd, lib.vs_attention_bf16_bwd, lib.vs_attention_f32_bwd):
+    for attention in (lib.vs_attention_bwd, lib.vs_attention_bf16_bwd, lib.vs_attention_f32_bwd,
+                      lib.vs_attention_f32_avx2_bwd):
         attention.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, i64, p, f32, i32]
         attention.restype = i32
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]

@@ -15,7 +15,7 @@
 
 #include <omp.h>
 
-#include "simd.h"
+#include "subnormals.h"
 #include "touch.h"
 
 /* Each thread's scratch, allocated and zeroed on its first call and kept (about 1 MB a thread). */

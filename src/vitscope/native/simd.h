@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include "subnormals.h"
+
 /* 2^x for x <= 0 as 2^n p(f), n = round(x), f = x - n in [-0.5, 0.5], p's coefficients c[0 .. k) from the
    highest power down (the last is 1). Below -125 it returns about 2^-125, not 0, so that no result is
    ever subnormal: a subnormal result costs a microcode assist, which once made the attention kernel 3x
@@ -55,20 +57,6 @@ static inline __m512 log2_ps(__m512 x)
     p = _mm512_fmadd_ps(p, z2, one);
     return _mm512_fmadd_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(2.8853900817779268f /* 2 / ln 2 */), e);
 }
-
-/* Flush subnormal results to zero and read subnormal inputs as zero (MXCSR's FTZ and DAZ bits) in this
-   thread, returning the old MXCSR for `subnormals_restore`. A subnormal costs a microcode assist of
-   over a hundred cycles: GELU's tail for |x| > 9, or a softmax weight of 2^-125 times a small
-   gradient, made whole kernels 3-25x slower. Every such value is below bfloat16's smallest normal
-   number, 1.2e-38, far under anything a bfloat16 result keeps. */
-static inline unsigned subnormals_off(void)
-{
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040u);
-    return csr;
-}
-
-static inline void subnormals_restore(unsigned csr) { _mm_setcsr(csr); }
 
 /* r[i][j] (16 x 16 dwords) -> r[j][i] */
 static inline void transpose16(__m512i r[16])

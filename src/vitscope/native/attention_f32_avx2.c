@@ -1,0 +1,226 @@
+/* Short-sequence attention in float32 with AVX2 and FMA, forward and backward: attention_f32.c for CPUs
+   without AVX-512 (AMD before Zen 4, Intel's desktop and laptop parts).
+
+   The same algorithm and conventions as attention_f32.c (one (batch, head) at a time, N_k <= 256 keys, a
+   head's scores in L1/L2, every product a register-tiled loop of broadcast-multiply-adds, q, k, v read and
+   the outputs written at the caller's strides, lse kept in the log2 domain), with 8-float vectors: head dims
+   that are multiples of 8 up to 128, tiles of up to 6 rows x 16 columns (12 accumulators, 2 vectors of b
+   and a broadcast in the 16 registers), masks as blend vectors. */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd_avx2.h"
+#include "touch.h"
+
+#define MAXK 256
+#define MAXD 128
+#define QBLOCK 32 /* queries whose scores the forward holds at a time */
+
+/* c[r][0 .. 8 NV) = sum over kk < kn of a[r sar + kk sak] b[kk sb + 0 .. 8 NV), for r < R: R x NV
+   accumulators in registers. R and NV are constants wherever this is inlined. The accumulators are
+   named variables, not an array: GCC kept an array's 12 x 2 vectors in registers but also stored each one
+   to the stack after every multiply-add, which made the products 3x slower. */
+#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+static inline __attribute__((always_inline)) void tile(const int R, const int NV, int kn, const float *a, int64_t sar,
+                                                      int64_t sak, const float *b, int64_t sb, float *c, int64_t sc)
+{
+#define DECLARE(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
+    ROWS(DECLARE)
+    for (int kk = 0; kk < kn; kk++) {
+        const __m256 b0 = _mm256_loadu_ps(b + kk * sb), b1 = NV > 1 ? _mm256_loadu_ps(b + kk * sb + 8) : b0;
+#define STEP(i)                                                                 \
+        if (R > i) {                                                            \
+            const __m256 av = _mm256_broadcast_ss(a + (i) * sar + kk * sak);    \
+            c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                         \
+            if (NV > 1) c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);             \
+        }
+        ROWS(STEP)
+    }
+#define STORE(i)                                                                \
+    if (R > i) {                                                                \
+        _mm256_storeu_ps(c + (i) * sc, c##i##0);                                \
+        if (NV > 1) _mm256_storeu_ps(c + (i) * sc + 8, c##i##1);                \
+    }
+    ROWS(STORE)
+#undef DECLARE
+#undef STEP
+#undef STORE
+}
+
+static inline int rows_for(int nv) { return nv == 2 ? 6 : 12; }
+
+#define T(R, NV) case (NV) * 16 + (R): tile(R, NV, kn, a, sar, sak, b, sb, c, sc); break;
+#define TS2 T(1, 2) T(2, 2) T(3, 2) T(4, 2) T(5, 2) T(6, 2)
+#define TS1 T(1, 1) T(2, 1) T(3, 1) T(4, 1) T(5, 1) T(6, 1) T(7, 1) T(8, 1) T(9, 1) T(10, 1) T(11, 1) T(12, 1)
+
+static void tile_any(int R, int NV, int kn, const float *a, int64_t sar, int64_t sak, const float *b, int64_t sb,
+                     float *c, int64_t sc)
+{
+    switch (NV * 16 + R) { TS2 TS1 }
+}
+
+/* c (m rows, 8 nvec cols, row stride sc) = A B, A's element (r, kk) at a[r sar + kk sak], B's row kk at
+   b + kk sb, the sum over kk < kn. Columns in groups of up to two vectors, each group's rows in tiles. */
+static void gemm(int m, int nvec, int kn, const float *a, int64_t sar, int64_t sak, const float *b, int64_t sb,
+                 float *c, int64_t sc)
+{
+    for (int v0 = 0; v0 < nvec; v0 += 2) {
+        const int nv = nvec - v0 < 2 ? nvec - v0 : 2, rmax = rows_for(nv);
+        for (int r0 = 0; r0 < m; r0 += rmax) {
+            const int r = m - r0 < rmax ? m - r0 : rmax;
+            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b + v0 * 8, sb, c + r0 * sc + v0 * 8, sc);
+        }
+    }
+}
+
+/* kt[dd lk + j] = k[j sk + dd] for j < n, 0 for n <= j < lk (lk a multiple of 8), 8 x 8 blocks at a time. */
+static void transpose_pad(const float *k, int64_t sk, int n, int d, int lk, float *kt)
+{
+    for (int j0 = 0; j0 < lk; j0 += 8)
+        for (int d0 = 0; d0 < d; d0 += 8) {
+            __m256 r[8];
+            for (int c = 0; c < 8; c++)
+                r[c] = j0 + c < n ? _mm256_loadu_ps(k + (int64_t)(j0 + c) * sk + d0) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int m = 0; m < 8; m++) _mm256_storeu_ps(kt + (int64_t)(d0 + m) * lk + j0, r[m]);
+        }
+}
+
+/* dst[j d + dd] = src[j ss + dd]: n rows of d floats packed contiguously. The products' B rows are read
+   once per tile column group; at the callers' row strides (a fused qkv's, 3 H D floats apart) those rows
+   fell into a few cache sets and were fetched again for every group: ViT-S/16's forward took 1.5x as long. */
+static void pack_rows(const float *src, int64_t ss, int n, int d, float *dst)
+{
+    for (int j = 0; j < n; j++) memcpy(dst + (int64_t)j * d, src + (int64_t)j * ss, sizeof(float) * (size_t)d);
+}
+
+typedef struct {
+    float kt[MAXD * MAXK], vt[MAXD * MAXK]; /* k and v transposed, keys padded to 8 (forward: vt holds v packed) */
+    float kc[MAXK * MAXD], qc[MAXK * MAXD], gc[MAXK * MAXD]; /* the backward's k, q and g packed */
+    float s[MAXK * MAXK], dp[MAXK * MAXK];  /* scores / weights; their gradients */
+    float mx[QBLOCK], sum[QBLOCK];          /* the forward's row maxima and sums of weights */
+} scratch_t;
+
+/* o = softmax(scale q k^T) v for one (batch, head); with lse, each query's log2-sum-exp2 (c = scale log2 e). */
+static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+{
+    const int njv = (nk + 7) / 8, lk = njv * 8;
+    const __m256 cs = _mm256_set1_ps(c), ninf = _mm256_set1_ps(-INFINITY);
+    transpose_pad(k, sk, nk, d, lk, w->kt);
+    pack_rows(v, sv, nk, d, w->vt);
+    touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
+    for (int i0 = 0; i0 < nq; i0 += QBLOCK) {
+        const int rows = nq - i0 < QBLOCK ? nq - i0 : QBLOCK;
+        float *s = w->s;
+        gemm(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, lk, s, lk);  /* scores, rows x lk */
+        for (int r = 0; r < rows; r++) {  /* unnormalised weights exp2(c s - c max s); o is scaled after P v */
+            float *sr = s + (int64_t)r * lk;
+            __m256 m = ninf;
+            touch_step();
+            for (int jv = 0; jv < njv; jv++)
+                m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sr + jv * 8), lanes8(nk - jv * 8)));
+            w->mx[r] = c * hmax8(m);
+            const __m256 mx = _mm256_set1_ps(w->mx[r]);
+            __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* 16 partial sums */
+            for (int jv = 0; jv < njv; jv++) {
+                const __m256 e = _mm256_and_ps(lanes8(nk - jv * 8),
+                                               exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(sr + jv * 8), cs, mx)));
+                _mm256_storeu_ps(sr + jv * 8, e);
+                sum[jv & 1] = _mm256_add_ps(sum[jv & 1], e);
+            }
+            w->sum[r] = hsum8(_mm256_add_ps(sum[0], sum[1]));
+        }
+        if (lse)  /* the block's log-sum-exps at once, off the rows' chain of reductions */
+            for (int r0 = 0; r0 < rows; r0 += 8) {
+                float buf[8];
+                const int n = rows - r0 < 8 ? rows - r0 : 8;
+                const __m256 keep = lanes8(n), one = _mm256_set1_ps(1.0f);
+                memcpy(buf, w->sum + r0, sizeof(float) * (size_t)n);
+                const __m256 total = _mm256_blendv_ps(one, _mm256_loadu_ps(buf), keep);
+                memcpy(buf, w->mx + r0, sizeof(float) * (size_t)n);
+                _mm256_storeu_ps(buf, _mm256_add_ps(_mm256_loadu_ps(buf), log2_ps8(total)));
+                memcpy(lse + i0 + r0, buf, sizeof(float) * (size_t)n);
+            }
+        float *ob = o + (int64_t)i0 * so;
+        gemm(rows, d / 8, nk, s, lk, 1, w->vt, d, ob, so);  /* o = P v, then each row over its sum */
+        for (int r = 0; r < rows; r++) {
+            const __m256 inv = _mm256_set1_ps(1.0f / w->sum[r]);
+            for (int dd = 0; dd < d; dd += 8)
+                _mm256_storeu_ps(ob + r * so + dd, _mm256_mul_ps(_mm256_loadu_ps(ob + r * so + dd), inv));
+        }
+    }
+}
+
+/* The gradients of one (batch, head) from its output's gradient g (nq, d), as attention_f32.c: with
+   P = exp2(c s - lse) recomputed, dv = P^T g, dP = g v^T, dS = scale P (dP - delta), delta = rowsum(P dP),
+   dq = dS k, dk = dS^T q. */
+static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+                          const float *g, int64_t sg, const float *lse, const float *delta, float *dq, int64_t sdq,
+                          float *dk, int64_t sdk, float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale,
+                          scratch_t *w, float *floats)
+{
+    (void)floats, (void)delta;  /* at most MAXK queries and keys: the scratch holds everything */
+    const int njv = (nk + 7) / 8, lk = njv * 8, nd = d / 8;
+    float *p = w->s, *dp = w->dp;
+    const __m256 cs = _mm256_set1_ps(c), sc = _mm256_set1_ps(scale);
+    transpose_pad(k, sk, nk, d, lk, w->kt);
+    transpose_pad(v, sv, nk, d, lk, w->vt);
+    gemm(nq, njv, d, q, sq, 1, w->kt, lk, p, lk);   /* scores */
+    gemm(nq, njv, d, g, sg, 1, w->vt, lk, dp, lk);  /* dP = g v^T */
+    touch_plan(nq);
+    for (int i = 0; i < nq; i++) {
+        float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
+        touch_step();
+        const __m256 l = _mm256_set1_ps(lse[i]);
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* 16 partial sums, as attention_f32.c's */
+        for (int jv = 0; jv < njv; jv++) {
+            const __m256 pv = _mm256_and_ps(lanes8(nk - jv * 8), exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(pr + jv * 8), cs, l)));
+            _mm256_storeu_ps(pr + jv * 8, pv);
+            acc[jv & 1] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(dpr + jv * 8), acc[jv & 1]);
+        }
+        const __m256 dl = _mm256_set1_ps(hsum8(_mm256_add_ps(acc[0], acc[1])));
+        for (int jv = 0; jv < njv; jv++) {
+            const __m256 pv = _mm256_loadu_ps(pr + jv * 8);
+            _mm256_storeu_ps(dpr + jv * 8, _mm256_mul_ps(_mm256_mul_ps(pv, _mm256_sub_ps(_mm256_loadu_ps(dpr + jv * 8), dl)), sc));
+        }
+    }
+    pack_rows(k, sk, nk, d, w->kc);
+    pack_rows(g, sg, nq, d, w->gc);
+    pack_rows(q, sq, nq, d, w->qc);
+    gemm(nq, nd, nk, dp, lk, 1, w->kc, d, dq, sdq);  /* dq = dS k */
+    gemm(nk, nd, nq, p, 1, lk, w->gc, d, dv, sdv);   /* dv = P^T g */
+    gemm(nk, nd, nq, dp, 1, lk, w->qc, d, dk, sdk);  /* dk = dS^T q */
+}
+
+static inline void products_on(void) {}
+static inline void products_off(void) {}
+
+#define ELEM float
+#define DIM_MULTIPLE 8
+#include "attention_driver.h"
+
+/* As vs_attention_f32_fwd, with AVX2: head dims multiples of 8 up to 128, at most 256 keys, any number of
+   queries. Returns 0, -1 for a shape outside these, -2 when out of memory. */
+int vs_attention_f32_avx2_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int64_t b,
+                              int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
+{
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, MAXK)) return -1;
+    const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, NULL, st, h, nq, nk, d, scale * 1.4426950408889634f,
+                     scale, 0};
+    return each_head(&j, b, threads, forward_head);
+}
+
+/* As vs_attention_f32_bwd, with AVX2; Nq <= 256, delta unused (pass NULL). */
+int vs_attention_f32_avx2_bwd(const float *q, const float *k, const float *v, const float *g, const float *lse,
+                              const float *delta, float *dq, float *dk, float *dv, int64_t b, int64_t h, int64_t nq,
+                              int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
+{
+    if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
+    const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, delta, st, h, nq, nk, d, scale * 1.4426950408889634f,
+                     scale, 0};
+    return each_head(&j, b, threads, backward_head);
+}
