@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close, qkv_attention_against_float64
-from vitscope import native, short_attention
+from vitscope import short_attention
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.models import create_model
 
 KERNEL = short_attention.kernel_for(torch.float32)
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"kernel unavailable: {short_attention.why_not(torch.float32)}")
+needs_kernel = pytest.mark.skipif(KERNEL is None,
+                                  reason=f"kernel unavailable: {short_attention.why_not(torch.float32)}")
 SHAPES = [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 16), (15, 16, 32), (16, 17, 64), (33, 31, 96),
           (64, 256, 128), (100, 255, 48), (256, 256, 16)]
 if KERNEL is not None and KERNEL.head_dim_multiple == 8:  # the AVX2 build's narrower vectors take these too

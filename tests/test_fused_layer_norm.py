@@ -12,7 +12,8 @@ from conftest import assert_grads_close, random_layer_norm
 from vitscope import fused_add_norm, fused_layer_norm, native
 from vitscope.vit import Block
 
-needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"), reason=f"kernels unavailable: {native.why_not('avx512_bf16')}")
+needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),
+                                  reason=f"kernels unavailable: {native.why_not('avx512_bf16')}")
 BF = torch.bfloat16
 
 

@@ -8,7 +8,8 @@ import torch
 from vitscope import fused_add_norm, fused_residual, native
 from vitscope.vit import Block
 
-needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"), reason=f"kernels unavailable: {native.why_not('avx512_bf16')}")
+needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),
+                                  reason=f"kernels unavailable: {native.why_not('avx512_bf16')}")
 
 
 @needs_kernel

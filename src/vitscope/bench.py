@@ -39,10 +39,10 @@ from vitscope import (
 # The checks that make each part of vitscope's fast path answer no: attention (C), the training MLP
 # (C GELU pass, multiply in fc2's backward), LayerNorm to bfloat16 (C), the residual add (C), the two
 # in one pass (C), the conv stem's GELU (C table) and its BatchNorm with GELU (C), and the linear with
-# its bias inside oneDNN's matmul.
+# its bias inside oneDNN's matmul (and float32 through oneDNN where that is faster).
 SWITCHES = ((short_attention, "usable"), (fused_mlp, "fusable"), (fused_layer_norm, "fusable"),
             (fused_residual, "fusable"), (fused_add_norm, "fusable"), (fused_gelu, "fusable"),
-            (fused_bn_gelu, "fusable"), (fused_linear, "fusable"))
+            (fused_bn_gelu, "fusable"), (fused_linear, "fusable"), (fused_linear, "float32_fusable"))
 
 
 @contextlib.contextmanager
@@ -68,7 +68,7 @@ def cpu_description() -> tuple[str, list[str]]:
                 break
     except OSError:
         pass
-    wanted = ("avx512f", "avx512_bf16", "amx_bf16")
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
     return model, [f for f in wanted if f in native.cpu_features()]
 
 
@@ -90,6 +90,8 @@ def kernel_states() -> list[tuple[str, str]]:
         rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
     linear = fused_linear.available()
     rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))
+    rows.append(("oneDNN linear, float32", "on (AMD without AVX-512, where MKL is slower)"
+                 if fused_linear.float32_available() else "off: torch's own float32 matmul is as fast here"))
     return rows
 
 
@@ -251,8 +253,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--model", default="vit_tiny_patch4_28", help="a preset (`vitscope models`)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a model field")
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                   help="bfloat16: under bfloat16 autocast (default); float32: without")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="bfloat16: under bfloat16 autocast; float32: without; auto (default): bfloat16 where the "
+                        "device multiplies it natively, else float32 (as `vitscope train` picks)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=5, help="steps per round and variant")
@@ -273,7 +276,10 @@ def run_bench(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA GPU is visible to torch here")
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    from vitscope import bf16
+
+    name = args.dtype if args.dtype != "auto" else ("bfloat16" if bf16.native_matmul(device) else "float32")
+    dtype = torch.bfloat16 if name == "bfloat16" else torch.float32
     result = run(args.model, parse_model_sets(args.set), args.batch, dtype, device, args.rounds, args.steps,
                  progress=True)
     print(json.dumps(result, indent=1) if args.json else report(result))
