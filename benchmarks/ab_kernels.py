@@ -1,4 +1,4 @@
-"""A/B: bfloat16 training with vitscope's C kernels against the same step without them, one part at a time or all.
+"""A/B: training with vitscope's kernels against the same step without them, one part at a time or all.
 
     python benchmarks/ab_kernels.py --part mlp --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part layernorm --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
@@ -13,6 +13,8 @@
     python benchmarks/ab_kernels.py --part add-norm-chain --inference --model vit_tiny_patch4_28 --set mlp_ratio=4.0 \
         --batch 256 --steps 20
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
+    python benchmarks/ab_kernels.py --dtype float32 --part gelu --model vit_tiny_patch4_28 --set mlp_ratio=4.0 \
+        --batch 256       # float32 (CPUs without AVX-512: the AVX2 attention, GELU and oneDNN's linear)
 
 Parts (each switched off by making its `fusable`/`usable` say no):
 - `attention`: vitscope/short_attention.py, the attention forward and backward (AMX tiles, or AVX512-BF16), from and
@@ -32,7 +34,7 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   as a module, each block's second residual added on its own);
 - `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
   backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
-  cannot run);
+  cannot run); in float32 (AVX2 CPUs) every GELU, the stem's and the MLPs', from native/gelu_f32_avx2.c;
 - `bn-gelu`: vitscope/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way (off:
   the two modules);
 - `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
@@ -42,12 +44,14 @@ Parts (each switched off by making its `fusable`/`usable` say no):
 - `linear`: native/linear.c (vitscope/linear_kernel.py), the linear layers' products forward and their input
   gradients, with fc1's GELU and the multiply by its derivative in the same passes (off: oneDNN's linear
   and matmul, and the GELU table's own pass);
-- `all`: the eleven together.
+- `onednn-f32`: vitscope/fused_linear.py's float32 path, the linear layers' forward and input gradient in
+  oneDNN's linear on AMD CPUs without AVX-512 (off: F.linear, MKL);
+- `all`: the twelve together.
 
-This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, forward, cross-entropy,
-backward, the optimizer), or with `--inference` its inference forwards (the training MLP's part then
-does not run), with and without, in alternating rounds in one process, and prints each round's
-images/s and the median of the per-round ratios, kernels first.
+This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, or float32 with
+`--dtype float32`; forward, cross-entropy, backward, the optimizer), or with `--inference` its inference
+forwards (the training MLP's part then does not run), with and without, in alternating rounds in one
+process, and prints each round's images/s and the median of the per-round ratios, kernels first.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusabl
             "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
             "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable"),
             "add-norm-chain": (VisionTransformer, "_chainable"), "conv-wgrad": (fused_conv, "fusable"),
-            "linear": (linear_kernel, "runnable")}
+            "linear": (linear_kernel, "runnable"), "onednn-f32": (fused_linear, "float32_fusable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:
@@ -110,17 +114,18 @@ def main(argv: list[str] | None = None) -> None:
     model = create_model(args.model, **overrides)
     if args.inference:
         allocator.keep_freed_memory()  # as `vitscope eval` does (training_step does it too)
-        step = inference_step(model.eval(), args.batch)
+        step = inference_step(model.eval(), args.batch, args.dtype)
     else:
-        step = ab.training_step(model, args.batch, args.optimizer)
+        step = ab.training_step(model, args.batch, args.optimizer, dtype=args.dtype)
     steps = {"kernels": step, "without": without(step, parts)}
     rates = ab.alternate(steps, batch=args.batch, rounds=args.rounds, steps_per_round=args.steps)
     print(machine_header())
     sets = "".join(f" {s}" for s in args.set)
     what = "inference forward" if args.inference else f"training step ({args.optimizer})"
-    print(f"\n{args.model}{sets}, batch {args.batch}, bfloat16 autocast {what}, {args.rounds} "
+    short = "bf16" if args.dtype == "bfloat16" else "fp32"
+    print(f"\n{args.model}{sets}, batch {args.batch}, {ab.step_label(args)} {what}, {args.rounds} "
           f"alternating rounds of {args.steps}; B without: {', '.join(parts)}\n")
-    print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in bf16 {what.split()[0]}"))
+    print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in {short} {what.split()[0]}"))
 
 
 if __name__ == "__main__":

@@ -126,6 +126,9 @@ class PatchEmbed(nn.Module):
         return rearrange(self.proj(x), "b d h w -> b (h w) d")
 
 
+_EXACT_GELUS = (nn.GELU, fused_gelu.GELU)  # the activations the fused MLP paths may stand in for
+
+
 class Mlp(nn.Module):
     """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias runs inside its matmul and the GELU in
     it or in a table pass right after (vitscope/fused_linear.py); in bfloat16 training the MLP keeps
@@ -135,14 +138,14 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
         self.fc1 = Linear(dim, hidden)
-        self.act = nn.GELU()
+        self.act = fused_gelu.GELU()  # nn.GELU, in vitscope's float32 kernel on CPUs without AVX-512
         self.drop1 = nn.Dropout(drop)
         self.fc2 = Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
 
     def _gelu_fusable(self, x: Tensor) -> bool:
         inner = (self.fc1, self.act, self.drop1)
-        return (type(self.act) is nn.GELU and self.act.approximate == "none" and type(self.fc1) is Linear
+        return (type(self.act) in _EXACT_GELUS and self.act.approximate == "none" and type(self.fc1) is Linear
                 and not (self.drop1.training and self.drop1.p > 0)
                 and fused_linear.fusable(x, self.fc1.weight, self.fc1.bias)
                 and not fused_linear.needs_grad(x, self.fc1.weight, self.fc1.bias)
@@ -150,7 +153,7 @@ class Mlp(nn.Module):
 
     def _training_fusable(self, x: Tensor) -> bool:
         inner = (self.fc1, self.act, self.drop1, self.fc2)
-        return (type(self.act) is nn.GELU and self.act.approximate == "none" and type(self.fc1) is Linear
+        return (type(self.act) in _EXACT_GELUS and self.act.approximate == "none" and type(self.fc1) is Linear
                 and type(self.fc2) is Linear and not (self.drop1.training and self.drop1.p > 0)
                 and fused_mlp.fusable(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
                 and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())

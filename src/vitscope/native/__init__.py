@@ -52,10 +52,9 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 }
 # Which instruction set each source is compiled for (another source: the base set).
 SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "attention_f32_avx2.c": "avx2",
-           "batch_norm.c": "avx512_bf16",
-           "conv_weight_grad.c": "avx512_bf16", "gelu.c": "avx512_bf16", "layer_norm.c": "avx512_bf16",
-           "linear.c": "avx512_bf16", "residual.c": "avx512_bf16", "short_attention.c": "amx",
-           "weight_grad.c": "avx512_bf16"}
+           "batch_norm.c": "avx512_bf16", "conv_weight_grad.c": "avx512_bf16", "gelu.c": "avx512_bf16",
+           "gelu_f32_avx2.c": "avx2", "layer_norm.c": "avx512_bf16", "linear.c": "avx512_bf16",
+           "residual.c": "avx512_bf16", "short_attention.c": "amx", "weight_grad.c": "avx512_bf16"}
 FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11"]
 
 _reason: str | None = None
@@ -209,6 +208,10 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_gelu_fwd.restype = None
     lib.vs_gelu.argtypes = [p, p, i64, i32]
     lib.vs_gelu.restype = None
+    lib.vs_gelu_f32.argtypes = [p, p, i64, i32]
+    lib.vs_gelu_f32.restype = None
+    lib.vs_gelu_f32_bwd.argtypes = [p, p, p, i64, i32]
+    lib.vs_gelu_f32_bwd.restype = None
     lib.vs_bn_stats.argtypes = [p, i64, i64, p, p, p, i32]
     lib.vs_bn_stats.restype = None
     lib.vs_bn_gelu_fwd.argtypes = [p, i64, i64, p, p, p, p, i32]
