@@ -471,6 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quiet-wait", type=float, default=3.0,
                         help="before each case wait up to this many seconds for other load to drop (default 3)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the fused/explicit crossover sweep")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=None,
+                        help="dtypes to run (default: both; float32 alone where bfloat16 matmuls are only emulated, "
+                             "as on AVX2 CPUs, where its long sequences would take hours)")
     add_malloc_flag(parser)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -483,6 +486,14 @@ def main(argv: list[str] | None = None) -> None:
     from _machine import machine_header
 
     args.sweep_passes = args.sweep_passes or (1 if args.quick else 2)
+    if args.dtypes is None:
+        from vitscope import bf16
+
+        args.dtypes = list(DTYPES) if bf16.native_matmul() else ["float32"]
+        if not bf16.native_matmul():
+            print("note: bfloat16 matmuls are emulated on this CPU: the bfloat16 cases are skipped; --dtypes "
+                  "float32 bfloat16 runs them anyway", file=sys.stderr)
+    dtypes = args.dtypes
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     if args.quick:
@@ -504,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def measure_peaks() -> dict[str, dict]:
         found = {}
-        for dtype in DTYPES:
+        for dtype in dtypes:
             r = spawn({"kind": "peak", "dtype": dtype, "threads": threads, "sizes": [2048, 4096],
                        "malloc": args.malloc, "repeats": 3 if args.quick else 6})
             if "error" in r:
@@ -521,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     skipped: list[dict] = []
     for n in ns:
         b = batch_for(n)
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for mode in MODES:
                 for impl in CORES + MODULES:
                     spec = {"kind": "case", "impl": impl, "n": n, "b": b, "dtype": dtype, "mode": mode,
@@ -553,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
 
     peaks_after = measure_peaks()
     peaks: dict[str, float] = {}
-    for dtype in DTYPES:
+    for dtype in dtypes:
         runs = (peaks_before[dtype], peaks_after[dtype])
         peaks[dtype] = max(r["gflops"] for r in runs)
         sizes = "; ".join(
@@ -578,7 +589,7 @@ def main(argv: list[str] | None = None) -> None:
         "(above ~0.3 the row was disturbed). "
         "`path` for `attend` is the kernel it chose.",
     ]
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for mode in MODES:
             title = f"### {dtype}, {'forward (inference mode)' if mode == 'fwd' else 'forward + backward'}"
             block = [title, "", table(results, peaks, dtype, mode), ""]
@@ -590,7 +601,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_sweep:
         sweep: dict[tuple, list[dict]] = {}
         for p in range(args.sweep_passes):
-            for dtype in DTYPES:
+            for dtype in dtypes:
                 for n in sweep_ns if p % 2 == 0 else sweep_ns[::-1]:
                     spec = {"kind": "pair", "impls": ["fused", "explicit"], "n": n, "b": batch_for(n),
                             "dtype": dtype, "mode": "fwd+bwd", "threads": threads, "malloc": args.malloc,

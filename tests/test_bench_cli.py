@@ -45,14 +45,15 @@ def test_json_has_every_measurement(capsys):
 
 def test_pytorch_ops_switches_every_part_off_and_back():
     owners = (short_attention, fused_mlp, fused_layer_norm, fused_residual, fused_add_norm, fused_gelu, fused_bn_gelu,
-              fused_linear)
+              fused_linear, fused_linear)
     before = [o.__dict__[n] for o, n in bench.SWITCHES]
     assert [o for o, _ in bench.SWITCHES] == list(owners)
     q = torch.randn(1, 2, 5, 32)
     with bench.pytorch_ops():
         assert not short_attention.usable(q, q, q)
         assert not fused_linear.fusable(q, torch.randn(4, 32))
-        assert not fused_gelu.fusable(q.to(torch.bfloat16))
+        assert not fused_gelu.fusable(q.to(torch.bfloat16)) and not fused_gelu.fusable(q)
+        assert not fused_linear.float32_fusable(q, torch.randn(4, 32))
     assert [o.__dict__[n] for o, n in bench.SWITCHES] == before
 
 
