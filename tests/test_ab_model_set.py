@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_model_set.py"
 
@@ -158,6 +159,16 @@ def test_kernels_ab_switches_one_part_off_with_either_optimizer():
                        "--rounds", "1", "--steps", "1", "--optimizer", "muon")
     assert rows[0] == "| conv-wgrad in bf16 training | images/s per round | median |"
     assert "training step (muon)" in out and "B without: conv-wgrad" in out and "kernels ÷ without" in out
+
+
+def test_float32_ops_ab_times_each_product_and_the_gelu():
+    out, rows = _table("ab_float32_ops.py", "--rows", "64", "--shapes", "32x16", "--rounds", "1", "--reps", "1")
+    assert [r.split(" | ")[0] for r in rows[1:4]] == ["| forward x Wᵀ + b", "| input grad g W", "| weight grad gᵀ x"]
+    assert all(float(r.split(" | ")[-1].rstrip(" |")) < 1e-5 for r in rows[1:4])  # both near float64
+    from vitscope import fused_gelu
+
+    if fused_gelu.fusable(torch.ones(2)):
+        assert [r.split(" | ")[0] for r in rows[5:]] == ["| forward", "| backward"]
 
 
 def test_linear_ab_times_each_product_alone_and_in_the_step():
