@@ -19,8 +19,9 @@ Three places use it:
 
 In float32, on CPUs with AVX2 and no AVX-512, native/gelu_f32_avx2.c evaluates the exact GELU from erfc
 (as accurate as PyTorch's float32 kernels, and more so for negative inputs) and its backward recomputes the
-derivative from the input, as PyTorch's does. On a 2-core Zen 3 EPYC at (12800, 512): 4.2 ms forward
-against PyTorch's 5.5, 4.9 backward against 7.8. Where AVX-512 runs PyTorch's 16-wide kernels, float32
+derivative from the input, as PyTorch's does. On a 2-core Zen 3 EPYC at (12800, 512): 3.8-4.2 ms forward
+against PyTorch's 4.2-5.5, 4.6-4.9 backward against 7.8-9.5 (benchmarks/ab_float32_ops.py); training steps
+1.01-1.02x (ab_kernels.py --dtype float32 --part gelu). Where AVX-512 runs PyTorch's 16-wide kernels, float32
 keeps F.gelu (not measured against them). The stem's GELUs and the MLP's (vit.Mlp) use it.
 
 It runs on CPU tensors laid out densely (contiguous, or channels-last), where vitscope's kernels run

@@ -18,7 +18,7 @@ torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat1
 autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
 records a graph. In float32 it measured no faster on a Xeon with AMX (where torch's float32 matmul is
 MKL's, tuned for it), but on AMD CPUs without AVX-512 MKL takes a generic path and oneDNN's float32 linear
-is 1.15-1.6x as fast forward and for the input gradient (`float32_fusable`, below). On CPUs with
+is faster forward and for the input gradient (`float32_fusable`, below). On CPUs with
 AVX512-BF16 and no AMX, vitscope's own product kernel (linear_kernel.py) takes the forward, the GELU
 and the input gradient in place of oneDNN's where it runs (`product`, `input_grad`).
 
@@ -53,10 +53,11 @@ def available() -> bool:
 def float32_available() -> bool:
     """True where float32 linear layers run faster through oneDNN than through torch's default (MKL's sgemm):
     AMD CPUs with AVX2 and no AVX-512 (Zen 2 and Zen 3). Measured on a 2-core Zen 3 EPYC at the plain 28x28
-    ViT's shapes (M = 12800; benchmarks/RESULTS.md): x Wᵀ + b 117-127 GFLOP/s median against MKL's 77-104,
-    the input gradient g W 100-127 against 65-93; the weight gradient gᵀ x stays MKL's (91-108 against
-    oneDNN's 48-93). Other CPUs keep F.linear: on a Xeon with AMX oneDNN measured no faster, and Intel's
-    AVX2 parts and AMD's AVX-512 ones have not been measured."""
+    ViT's four shapes (M = 12800; benchmarks/ab_float32_ops.py, two runs): x Wᵀ + b 0.98-1.35x MKL's, the
+    input gradient g W 0.99-1.41x; the weight gradient gᵀ x stays MKL's (oneDNN's took 1.1-2.2x as long).
+    Training steps 1.07x (plain ViT) and 1.04x (quick preset), inference 1.13x (ab_fused_linear.py --dtype
+    float32). Other CPUs keep F.linear: on a Xeon with AMX oneDNN measured no faster, and Intel's AVX2
+    parts and AMD's AVX-512 ones have not been measured."""
     from . import native  # here: native imports this module
 
     if _KERNEL is None or not torch.backends.mkldnn.is_available():

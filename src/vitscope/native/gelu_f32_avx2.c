@@ -9,8 +9,8 @@
    3.8e-7 for gelu and 3.1e-7 for gelu' against float64, as PyTorch's float32 kernels (3.8e-7, 2.9e-7).
 
    The backward recomputes gelu'(x) from x, as PyTorch's does, so both read and write what PyTorch's read
-   and write; they are faster because PyTorch's AVX2 kernels evaluate erf (and the backward exp too) at
-   about a third of this one's rate. */
+   and write. On a 2-core Zen 3 EPYC at 12800 x 512 the forward took 3.8-4.2 ms against PyTorch's 4.2-5.5,
+   the backward 4.6-4.9 against 7.8-9.5 (benchmarks/ab_float32_ops.py). */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
