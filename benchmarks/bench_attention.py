@@ -316,6 +316,19 @@ def run_peak(spec: dict) -> dict:
     return {**spec, "gflops": best, "per_size": per_size}
 
 
+def default_dtypes() -> list[str]:
+    """Both dtypes, or float32 alone (saying so) where bfloat16 matmuls are only emulated (vitscope.bf16): there
+    PyTorch's fallback loop runs them at 1-15 GFLOP/s, and every implementation's bfloat16 case takes minutes.
+    Shared with bench_vit.py, whose `--dtypes` flag overrides it as this script's does."""
+    from vitscope import bf16
+
+    if bf16.native_matmul():
+        return list(DTYPES)
+    print("note: bfloat16 matmuls are emulated on this CPU: the bfloat16 cases are skipped; --dtypes float32 "
+          "bfloat16 runs them anyway", file=sys.stderr)
+    return ["float32"]
+
+
 def add_malloc_flag(parser: argparse.ArgumentParser) -> None:
     """`--malloc kept|default`, shared with bench_vit.py; each spec carries the choice to its worker."""
     parser.add_argument("--malloc", choices=list(MALLOC), default="kept",
@@ -486,14 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     from _machine import machine_header
 
     args.sweep_passes = args.sweep_passes or (1 if args.quick else 2)
-    if args.dtypes is None:
-        from vitscope import bf16
-
-        args.dtypes = list(DTYPES) if bf16.native_matmul() else ["float32"]
-        if not bf16.native_matmul():
-            print("note: bfloat16 matmuls are emulated on this CPU: the bfloat16 cases are skipped; --dtypes "
-                  "float32 bfloat16 runs them anyway", file=sys.stderr)
-    dtypes = args.dtypes
+    dtypes = args.dtypes or default_dtypes()
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     if args.quick:

@@ -49,6 +49,7 @@ from bench_attention import (  # noqa: E402  (shared helpers of the benchmark sc
     _rss_bytes,
     add_malloc_flag,
     apply_malloc,
+    default_dtypes,
     run_peak,
     wait_for_quiet,
     write_section,
@@ -477,13 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = args.steps if args.steps is not None else (3 if args.quick else 0)  # 0: fill target_s
     quiet = args.quiet_wait if args.quiet_wait is not None else (0.0 if args.quick else 3.0)
     batches = {mode: _batches(getattr(args, f"{mode}_batch"), mode, args.quick) for mode in MODES}
-    if args.dtypes is None:
-        from vitscope import bf16
-
-        args.dtypes = list(DTYPES) if bf16.native_matmul() else ["float32"]
-        if not bf16.native_matmul():
-            print("note: bfloat16 matmuls are emulated on this CPU (PyTorch's fallback loop, 1-15 GFLOP/s): the "
-                  "bfloat16 rows are skipped; --dtypes float32 bfloat16 runs them anyway", file=sys.stderr)
+    args.dtypes = args.dtypes or default_dtypes()
     impls = list(args.impls)
     if "vit-pytorch" in impls and importlib.util.find_spec("vit_pytorch") is None:
         print(f"note: vit-pytorch is not installed, so its rows are skipped; to add them: {VIT_PYTORCH_INSTALL}",

@@ -91,7 +91,7 @@ def kernel_states() -> list[tuple[str, str]]:
     linear = fused_linear.available()
     rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))
     rows.append(("oneDNN linear, float32", "on (AMD without AVX-512, where MKL is slower)"
-                 if fused_linear.float32_available() else "off: torch's own float32 matmul is as fast here"))
+                 if fused_linear.float32_available() else "off: measured faster only on AMD CPUs without AVX-512"))
     return rows
 
 

@@ -30,4 +30,4 @@ def native_matmul(device: torch.device | str = "cpu") -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
         return _cpu_native()
-    return True  # other accelerators: trust their bfloat16 kernels
+    return False  # other devices: not measured, so training stays in float32 unless asked (--amp bf16)

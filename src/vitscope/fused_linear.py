@@ -68,19 +68,9 @@ def float32_available() -> bool:
 
 def float32_fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
     """Whether `linear_float32(x, weight, bias)` may run here and give what `F.linear` would (to float32
-    rounding), with or without autograd recording it: float32 CPU tensors outside autocast, oneDNN on,
-    no trace recording, no forward-mode AD or torch.func, and `float32_available()`."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return False
-    if x.device.type != "cpu" or weight.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
-        return False
-    if not torch.backends.mkldnn.enabled or torch.is_autocast_enabled("cpu"):
-        return False
-    if not (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)):
-        return False
-    if needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)):
-        return False
-    return float32_available()
+    rounding), with or without autograd recording it: as `fusable`, for `float32_inputs` where
+    `float32_available()`."""
+    return _callable(x, weight, bias, float32_inputs(x, weight, bias)) and float32_available()
 
 
 def needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -99,28 +89,43 @@ def _transformed(t: Tensor | None) -> bool:
     return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
+def _cpu_onednn(x: Tensor, weight: Tensor) -> bool:
+    """CPU tensors in the strided layout, x with rows, and oneDNN not switched off by the user
+    (torch.backends.mkldnn.flags)."""
+    return (x.device.type == "cpu" and weight.device.type == "cpu" and x.layout == torch.strided and x.dim() >= 2
+            and torch.backends.mkldnn.enabled)
+
+
 def bfloat16_inputs(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
     """Whether `x Wᵀ + b` runs in bfloat16 on the CPU here, through oneDNN: CPU tensors, oneDNN switched
     on, and bfloat16 autocast (or bfloat16 tensors without it). Safe to ask while torch.compile traces."""
-    if x.device.type != "cpu" or weight.device.type != "cpu" or x.layout != torch.strided or x.dim() < 2:
-        return False
-    if not torch.backends.mkldnn.enabled:  # the user switched oneDNN off (torch.backends.mkldnn.flags)
+    if not _cpu_onednn(x, weight):
         return False
     if torch.is_autocast_enabled("cpu"):
         return torch.get_autocast_dtype("cpu") == torch.bfloat16 and x.is_floating_point()
     return x.dtype == weight.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
 
 
+def float32_inputs(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """Whether `x Wᵀ + b` runs in float32 on the CPU here: CPU tensors, oneDNN switched on, float32
+    tensors and no autocast."""
+    return (_cpu_onednn(x, weight) and not torch.is_autocast_enabled("cpu")
+            and x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32))
+
+
+def _callable(x: Tensor, weight: Tensor, bias: Tensor | None, inputs_ok: bool) -> bool:
+    """What both oneDNN paths need besides their dtype and CPU: no torch.compile or jit trace recording
+    (traced graphs keep the portable ops), and where autograd records, no forward-mode dual or
+    torch.func-wrapped tensor (their autograd functions have no rules for those)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not inputs_ok:
+        return False
+    return not (needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)))
+
+
 def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
     """Whether `linear(x, weight, bias)` may run the fused kernel and give what `F.linear` would, with or
     without autograd recording it."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():  # traced graphs keep the portable ops
-        return False
-    if not bfloat16_inputs(x, weight, bias):
-        return False
-    if needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)):
-        return False
-    return available()
+    return _callable(x, weight, bias, bfloat16_inputs(x, weight, bias)) and available()
 
 
 NATIVE_WEIGHT_GRAD_MAX = 65536  # out·in: native/weight_grad.c keeps each thread's float32 sums in cache

@@ -71,28 +71,26 @@ def cache_dir() -> Path:
     return base / "vitscope" / "native"
 
 
-def cpu_features() -> set[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_vendor() -> str:
-    """The CPU's vendor as Linux names it ("GenuineIntel", "AuthenticAMD"; empty elsewhere)."""
+def _cpuinfo(field: str) -> str:
+    """The first processor's `field` in /proc/cpuinfo (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
     for line in text.splitlines():
-        if line.startswith("vendor_id"):
+        if line.startswith(field):
             return line.split(":", 1)[1].strip()
     return ""
+
+
+def cpu_features() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    return set(_cpuinfo("flags").split())
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it ("GenuineIntel", "AuthenticAMD"; empty elsewhere)."""
+    return _cpuinfo("vendor_id")
 
 
 def compiler() -> str | None:
