@@ -8,6 +8,9 @@ For each linear shape OUTxIN, with x (M, in), W (out, in) and g (M, out):
   runs) against F.linear (torch's default: MKL's sgemm);
 - input gradient g W: oneDNN's linear reading Wᵀ in place against torch.mm;
 - weight gradient gᵀ x: the same two (vitscope keeps torch.mm's: oneDNN was slower here);
+then, where it runs, vitscope's own float32 kernel (native/linear_f32_avx2.c) for the three against what the
+float32 path runs without it (oneDNN's forward and input gradient, torch.mm's weight gradient and g.sum(0)
+for the bias's);
 and GELU at (M, 4·in) of the widest layer: native/gelu_f32_avx2.c forward and backward against F.gelu and
 aten.gelu_backward. Each pair runs in alternating rounds (benchmarks/_ab.py's `alternate_calls`), median
 milliseconds per call, GFLOP/s for the products, and each one's largest error against float64 relative to
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import fused_gelu, fused_linear, native  # noqa: E402
+from vitscope import fused_gelu, fused_linear, linear_f32, native  # noqa: E402
 
 SHAPES = ["384x128", "128x128", "512x128", "128x512"]  # the plain ViT's qkv, proj, fc1 and fc2
 
@@ -39,6 +42,35 @@ def _products(onednn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torc
         "weight grad gᵀ x": (lambda: onednn(g.t(), x.t(), None, "none", [], ""), lambda: g.t() @ x,
                              g.double().t() @ x.double()),
     }
+
+
+def _kernel_cases(onednn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor) -> dict:
+    """name: (vitscope's call, the call without it, the float64 result) for the three products."""
+    return {
+        "forward x Wᵀ + b": (lambda: linear_f32.forward(x, w, b), lambda: onednn(x, w, b, "none", [], ""),
+                             F.linear(x.double(), w.double(), b.double())),
+        "input grad g W": (lambda: linear_f32.input_grad(g, w), lambda: onednn(g, w.t(), None, "none", [], ""),
+                           g.double() @ w.double()),
+        "weight + bias grad": (lambda: linear_f32.weight_and_bias_grad(g, x, True)[0],
+                               lambda: (g.t() @ x, g.sum(0))[0], g.double().t() @ x.double()),
+    }
+
+
+def _kernel_products(onednn, args) -> None:
+    """vitscope's float32 products against what fused_linear's float32 path runs without them."""
+    m = args.rows
+    print("\n| product | out × in | kernel ms | without ms | without ÷ kernel | kernel GFLOP/s | without GFLOP/s "
+          "| error, kernel | error, without |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for shape in args.shapes:
+        out, inp = (int(v) for v in shape.split("x"))
+        x, w, b, g = torch.randn(m, inp), torch.randn(out, inp) * inp**-0.5, torch.randn(out), torch.randn(m, out)
+        flops = 2 * m * out * inp
+        cases = _kernel_cases(onednn, x, w, b, g)
+        for name, (ours, theirs, exact) in cases.items():
+            a, t, ea, et = ab.alternate_calls(ours, theirs, exact, rounds=args.rounds, reps=args.reps)
+            print(f"| {name} | {out} × {inp} | {a:.2f} | {t:.2f} | {t / a:.2f} | {flops / a / 1e6:.0f} "
+                  f"| {flops / t / 1e6:.0f} | {ea:.1e} | {et:.1e} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
             a, t, ea, et = ab.alternate_calls(ours, theirs, exact, rounds=args.rounds, reps=args.reps)
             print(f"| {name} | {out} × {inp} | {a:.2f} | {t:.2f} | {t / a:.2f} | {flops / a / 1e6:.0f} "
                   f"| {flops / t / 1e6:.0f} | {ea:.1e} | {et:.1e} |")
+    if linear_f32.usable():
+        _kernel_products(onednn, args)
     a = torch.randn(m, widest) * 3
     if not fused_gelu.fusable(a):
         print(f"\nGELU: vitscope's float32 kernel does not run here ({native.why_not('avx2') or 'an AVX-512 CPU'})")

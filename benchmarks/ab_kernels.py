@@ -14,7 +14,7 @@
         --batch 256 --steps 20
     python benchmarks/ab_kernels.py --part all --model vit_small_patch16_224 --batch 32 --steps 2 --rounds 4
     python benchmarks/ab_kernels.py --dtype float32 --part gelu --model vit_tiny_patch4_28 --set mlp_ratio=4.0 \
-        --batch 256       # float32 (CPUs without AVX-512: the AVX2 attention, GELU and oneDNN's linear)
+        --batch 256       # float32 (CPUs without AVX-512: the AVX2 attention, GELU and linear, oneDNN's linear)
 
 Parts (each switched off by making its `fusable`/`usable` say no):
 - `attention`: vitscope/short_attention.py, the attention forward and backward (AMX tiles, or AVX512-BF16), from and
@@ -46,7 +46,10 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   and matmul, and the GELU table's own pass);
 - `onednn-f32`: vitscope/fused_linear.py's float32 path, the linear layers' forward and input gradient in
   oneDNN's linear on AMD CPUs without AVX-512 (off: F.linear, MKL);
-- `all`: the twelve together.
+- `linear-f32`: native/linear_f32_avx2.c (vitscope/linear_f32.py), the float32 path's three products (forward,
+  input gradient, weight and bias gradients) on AMD CPUs without AVX-512 (off: oneDNN's linear forward and for
+  the input gradient, torch.mm and a column sum for the weight and bias gradients);
+- `all`: the thirteen together.
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, or float32 with
 `--dtype float32`; forward, cross-entropy, backward, the optimizer), or with `--inference` its inference
@@ -76,6 +79,7 @@ from vitscope import (  # noqa: E402
     fused_linear,
     fused_mlp,
     fused_residual,
+    linear_f32,
     linear_kernel,
     native,
     short_attention,
@@ -88,7 +92,8 @@ SWITCHES = {"attention": (short_attention, "usable"), "mlp": (fused_mlp, "fusabl
             "gelu": (fused_gelu, "fusable"), "bn-gelu": (fused_bn_gelu, "fusable"),
             "weight-grad": (fused_linear, "_native_weight_grad"), "add-norm": (fused_add_norm, "fusable"),
             "add-norm-chain": (VisionTransformer, "_chainable"), "conv-wgrad": (fused_conv, "fusable"),
-            "linear": (linear_kernel, "runnable"), "onednn-f32": (fused_linear, "float32_fusable")}
+            "linear": (linear_kernel, "runnable"), "onednn-f32": (fused_linear, "float32_fusable"),
+            "linear-f32": (linear_f32, "usable")}
 
 
 def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:

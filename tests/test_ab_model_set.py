@@ -165,10 +165,17 @@ def test_float32_ops_ab_times_each_product_and_the_gelu():
     out, rows = _table("ab_float32_ops.py", "--rows", "64", "--shapes", "32x16", "--rounds", "1", "--reps", "1")
     assert [r.split(" | ")[0] for r in rows[1:4]] == ["| forward x Wᵀ + b", "| input grad g W", "| weight grad gᵀ x"]
     assert all(float(r.split(" | ")[-1].rstrip(" |")) < 1e-5 for r in rows[1:4])  # both near float64
-    from vitscope import fused_gelu
+    from vitscope import fused_gelu, linear_f32
 
+    rest = rows[4:]
+    if linear_f32.usable():  # vitscope's own float32 products against the path without them
+        assert rest[0].startswith("| product | out × in | kernel ms | without ms |")
+        assert [r.split(" | ")[0] for r in rest[1:4]] == ["| forward x Wᵀ + b", "| input grad g W",
+                                                            "| weight + bias grad"]
+        assert all(float(r.split(" | ")[-2]) < 1e-5 for r in rest[1:4])
+        rest = rest[4:]
     if fused_gelu.fusable(torch.ones(2)):
-        assert [r.split(" | ")[0] for r in rows[5:]] == ["| forward", "| backward"]
+        assert [r.split(" | ")[0] for r in rest[1:]] == ["| forward", "| backward"]
 
 
 def test_linear_ab_times_each_product_alone_and_in_the_step():

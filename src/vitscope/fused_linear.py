@@ -18,7 +18,8 @@ torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat1
 autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
 records a graph. In float32 it measured no faster on a Xeon with AMX (where torch's float32 matmul is
 MKL's, tuned for it), but on AMD CPUs without AVX-512 MKL takes a generic path and oneDNN's float32 linear
-is faster forward and for the input gradient (`float32_fusable`, below). On CPUs with
+is faster forward and for the input gradient (`float32_fusable`, below); there vitscope's own AVX2 kernel
+(linear_f32.py) takes all three products, the weight and bias gradients too, where it runs. On CPUs with
 AVX512-BF16 and no AMX, vitscope's own product kernel (linear_kernel.py) takes the forward, the GELU
 and the input gradient in place of oneDNN's where it runs (`product`, `input_grad`).
 
@@ -170,11 +171,16 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
 def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool,
                          weight: bool = True) -> tuple[Tensor | None, Tensor | None]:
     """(gᵀ x where `weight`, g's column sums where `bias`; None for what is not asked): a linear layer's
-    weight and bias gradients. Where native/weight_grad.c takes the product (`_native_weight_grad`) it
+    weight and bias gradients. In float32 on the float32 path, vitscope's AVX2 kernel takes both where it
+    runs (linear_f32.py). Where native/weight_grad.c takes the product (`_native_weight_grad`) it
     sums g's columns from the chunks it packs, in float32 and then float64 (g.sum(0): a pass of its own,
     0.3-0.75 ms at 12800 x 512)."""
     if not weight:
         return None, (g.sum(0) if bias else None)
+    from . import linear_f32  # here: it imports native, which imports this module
+
+    if g.dtype == torch.float32 and float32_available() and linear_f32.weight_grad_runnable(g, x):
+        return linear_f32.weight_and_bias_grad(g, x, bias)
     if _native_weight_grad(g, x):
         from . import native
 
@@ -204,24 +210,28 @@ def _rows(x: Tensor) -> Tensor:
 
 
 def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x (..., in) Wᵀ + b in bfloat16 (bfloat16 tensors): vitscope's kernel where it runs
-    (linear_kernel.py), else oneDNN's linear."""
-    from . import linear_kernel  # here: it imports native, which imports this module
+    """x (..., in) Wᵀ + b for bfloat16 tensors, or float32 ones on the float32 path: vitscope's kernel where
+    it runs (linear_kernel.py, linear_f32.py), else oneDNN's linear."""
+    from . import linear_f32, linear_kernel  # here: they import native, which imports this module
 
     x2 = _rows(x)
     if linear_kernel.runnable(x2, weight, bias):
         return linear_kernel.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if x2.dtype == torch.float32 and linear_f32.runnable(x2, weight, bias):
+        return linear_f32.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return _KERNEL(x, weight, bias, "none", [], "")
 
 
 def input_grad(g: Tensor, weight: Tensor) -> Tensor:
     """g (M, out) W: (M, in), a linear layer's input gradient, in vitscope's kernel where it runs, else
     torch's matmul."""
-    from . import linear_kernel
+    from . import linear_f32, linear_kernel
 
     if linear_kernel.runnable(g, weight, forward=False):
         return linear_kernel.input_grad(g, weight)
     if g.dtype == torch.float32 and float32_available():
+        if linear_f32.runnable(g, weight, forward=False):
+            return linear_f32.input_grad(g, weight)
         return _KERNEL(g, weight.t(), None, "none", [], "")  # oneDNN reads Wᵀ in place: (M, out) -> (M, in)
     return g @ weight
 
@@ -269,10 +279,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu: bool 
 
 
 def linear_float32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x (..., in) -> (..., out) = x Wᵀ + b in float32 through oneDNN's linear; where autograd records, the
-    backward's input gradient through oneDNN too and the weight gradient through torch's matmul. Call it
-    only where `float32_fusable(x, weight, bias)`. (oneDNN's erf GELU epilogue measured slower than the
-    matmul and a separate GELU in float32, so GELU stays separate.)"""
+    """x (..., in) -> (..., out) = x Wᵀ + b in float32: vitscope's AVX2 kernel (linear_f32.py) where it runs,
+    else oneDNN's linear; where autograd records, the backward's input gradient the same way and the weight and
+    bias gradients in the kernel or torch's matmul. Call it only where `float32_fusable(x, weight, bias)`.
+    (oneDNN's erf GELU epilogue measured slower than the matmul and a separate GELU in float32, so GELU stays
+    separate.)"""
     if needs_grad(x, weight, bias):
         return _LinearWithGrad.apply(x, weight, bias)
     return product(x, weight, bias)

@@ -13,54 +13,12 @@
 #include <string.h>
 
 #include "simd_avx2.h"
+#include "tile_avx2.h"
 #include "touch.h"
 
 #define MAXK 256
 #define MAXD 128
 #define QBLOCK 32 /* queries whose scores the forward holds at a time */
-
-/* c[r][0 .. 8 NV) = sum over kk < kn of a[r sar + kk sak] b[kk sb + 0 .. 8 NV), for r < R: R x NV
-   accumulators in registers. R and NV are constants wherever this is inlined. The accumulators are
-   named variables, not an array: GCC kept an array's 12 x 2 vectors in registers but also stored each one
-   to the stack after every multiply-add, which made the products 3x slower. */
-#define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-static inline __attribute__((always_inline)) void tile(const int R, const int NV, int kn, const float *a, int64_t sar,
-                                                      int64_t sak, const float *b, int64_t sb, float *c, int64_t sc)
-{
-#define DECLARE(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
-    ROWS(DECLARE)
-    for (int kk = 0; kk < kn; kk++) {
-        const __m256 b0 = _mm256_loadu_ps(b + kk * sb), b1 = NV > 1 ? _mm256_loadu_ps(b + kk * sb + 8) : b0;
-#define STEP(i)                                                                 \
-        if (R > i) {                                                            \
-            const __m256 av = _mm256_broadcast_ss(a + (i) * sar + kk * sak);    \
-            c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                         \
-            if (NV > 1) c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);             \
-        }
-        ROWS(STEP)
-    }
-#define STORE(i)                                                                \
-    if (R > i) {                                                                \
-        _mm256_storeu_ps(c + (i) * sc, c##i##0);                                \
-        if (NV > 1) _mm256_storeu_ps(c + (i) * sc + 8, c##i##1);                \
-    }
-    ROWS(STORE)
-#undef DECLARE
-#undef STEP
-#undef STORE
-}
-
-static inline int rows_for(int nv) { return nv == 2 ? 6 : 12; }
-
-#define T(R, NV) case (NV) * 16 + (R): tile(R, NV, kn, a, sar, sak, b, sb, c, sc); break;
-#define TS2 T(1, 2) T(2, 2) T(3, 2) T(4, 2) T(5, 2) T(6, 2)
-#define TS1 T(1, 1) T(2, 1) T(3, 1) T(4, 1) T(5, 1) T(6, 1) T(7, 1) T(8, 1) T(9, 1) T(10, 1) T(11, 1) T(12, 1)
-
-static void tile_any(int R, int NV, int kn, const float *a, int64_t sar, int64_t sak, const float *b, int64_t sb,
-                     float *c, int64_t sc)
-{
-    switch (NV * 16 + R) { TS2 TS1 }
-}
 
 /* c (m rows, 8 nvec cols, row stride sc) = A B, A's element (r, kk) at a[r sar + kk sak], B's row kk at
    b + kk sb, the sum over kk < kn. Columns in groups of up to two vectors, each group's rows in tiles. */
@@ -71,7 +29,7 @@ static void gemm(int m, int nvec, int kn, const float *a, int64_t sar, int64_t s
         const int nv = nvec - v0 < 2 ? nvec - v0 : 2, rmax = rows_for(nv);
         for (int r0 = 0; r0 < m; r0 += rmax) {
             const int r = m - r0 < rmax ? m - r0 : rmax;
-            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b + v0 * 8, sb, c + r0 * sc + v0 * 8, sc);
+            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b + v0 * 8, sb, c + r0 * sc + v0 * 8, sc, NULL, 0);
         }
     }
 }
