@@ -8,20 +8,17 @@
 
 /* c[r][0 .. 8 NV) = c0[r sc0 + 0 .. 8 NV) + sum over kk < kn of a[r sar + kk sak] b[kk sb + 0 .. 8 NV), for
    r < R, where c0 is NULL for 0 (c0 = c adds to c; sc0 = 0 adds one row to every row, a bias): R x NV
-   accumulators in registers. R and NV are constants wherever this is inlined. The accumulators are named
-   variables, not an array: GCC kept an array's 12 x 2 vectors in registers but also stored each one to the
+   accumulators in registers, from 0, c0 added once at the end (so a long sum taken in chunks, each added to
+   the last, rounds like a sum of the chunks' sums: the weight gradient's 12800 rows had 8x torch's error
+   when each tile started from c0). R and NV are constants wherever this is inlined. The accumulators are
+   named variables, not an array: GCC kept an array's 12 x 2 vectors in registers but also stored each one to the
    stack after every multiply-add, which made the products 3x slower. */
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 static inline __attribute__((always_inline)) void tile(const int R, const int NV, int kn, const float *a, int64_t sar,
                                                       int64_t sak, const float *b, int64_t sb, float *c, int64_t sc,
                                                       const float *c0, int64_t sc0)
 {
-#define DECLARE(i)                                                                                   \
-    __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();                             \
-    if (c0 && R > i) {                                                                               \
-        c##i##0 = _mm256_loadu_ps(c0 + (i) * sc0);                                                   \
-        if (NV > 1) c##i##1 = _mm256_loadu_ps(c0 + (i) * sc0 + 8);                                   \
-    }
+#define DECLARE(i) __m256 c##i##0 = _mm256_setzero_ps(), c##i##1 = _mm256_setzero_ps();
     ROWS(DECLARE)
     for (int kk = 0; kk < kn; kk++) {
         const __m256 b0 = _mm256_loadu_ps(b + kk * sb), b1 = NV > 1 ? _mm256_loadu_ps(b + kk * sb + 8) : b0;
@@ -33,10 +30,14 @@ static inline __attribute__((always_inline)) void tile(const int R, const int NV
         }
         ROWS(STEP)
     }
-#define STORE(i)                                                                \
-    if (R > i) {                                                                \
-        _mm256_storeu_ps(c + (i) * sc, c##i##0);                                \
-        if (NV > 1) _mm256_storeu_ps(c + (i) * sc + 8, c##i##1);                \
+#define STORE(i)                                                                               \
+    if (R > i) {                                                                               \
+        if (c0) {                                                                              \
+            c##i##0 = _mm256_add_ps(_mm256_loadu_ps(c0 + (i) * sc0), c##i##0);                 \
+            if (NV > 1) c##i##1 = _mm256_add_ps(_mm256_loadu_ps(c0 + (i) * sc0 + 8), c##i##1); \
+        }                                                                                      \
+        _mm256_storeu_ps(c + (i) * sc, c##i##0);                                               \
+        if (NV > 1) _mm256_storeu_ps(c + (i) * sc + 8, c##i##1);                               \
     }
     ROWS(STORE)
 #undef DECLARE
