@@ -21,7 +21,7 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   to the qkv projection (off: the explicit softmax path);
 - `mlp`: vitscope/fused_mlp.py, a C pass writing gelu(a) and gelu'(a), and the multiply by gelu'(a)
   inside fc2's backward matmul (off: fc1, nn.GELU and fc2 as modules, still with fused_linear's
-  bias-in-matmul linears);
+  bias-in-matmul linears); in float32, the same inside native/linear_f32_avx2.c's products;
 - `layernorm`: vitscope/fused_layer_norm.py, LayerNorm writing bfloat16 for the next linear layer and
   reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
 - `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32

@@ -96,9 +96,13 @@ def test_double_backward_raises():
 
 @needs_kernel
 def test_a_vit_trains_through_it_with_pytorchs_gradients(monkeypatch):
+    from vitscope import fused_mlp
+
     calls = []
     kernel = fused_gelu.gelu
     monkeypatch.setattr(fused_gelu, "gelu", lambda a: calls.append(a.shape) or kernel(a))
+    # the MLPs as modules (where fused_mlp runs, fc1's product takes their GELU: tests/test_linear_f32.py)
+    monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)
     torch.manual_seed(0)
     model = create_model("vit_fmnist_quick")
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))

@@ -89,11 +89,67 @@ def test_other_inputs_are_left_to_torch():
     assert not linear_f32.weight_grad_runnable(torch.randn(10, 24), torch.randn(11, 16))
 
 
+def _gelu_and_grad64(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = a.double()
+    cdf = 0.5 * torch.special.erfc(-a / 2**0.5)
+    return a * cdf, cdf + a * torch.exp(-a * a / 2) / (2 * torch.pi) ** 0.5
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(50, 64, 256), (7, 1100, 24), (97, 128, 512)])
+def test_gelu_epilogue_and_the_multiply(shape, threads):
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(n)
+    x, w = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen) * k**-0.5
+    b = torch.randn(n, generator=gen)
+    before = _threads(threads)
+    try:
+        h, d = linear_f32.forward_gelu(x, w, b)
+        a = F.linear(x, w, b)  # the pre-activation, as the kernel's own sums round it (to float32 rounding)
+        ref_h, ref_d = _gelu_and_grad64(x.double() @ w.double().t() + b.double())
+        # within a few times the distance from float64 of torch's float32 GELU of torch's float32 product (as the
+        # products alone: the sums' order differs)
+        assert _err(h, ref_h) <= 4 * _err(F.gelu(a), ref_h) + 1e-7
+        assert _err(d, ref_d) <= 4 * _err(_gelu_and_grad64(a)[1].float(), ref_d) + 1e-7
+        assert torch.equal(linear_f32.forward(x, w, b, gelu=True), h)  # inference: the value alone, the same
+        g, mul = torch.randn(m, k, generator=gen), torch.rand(n, m, generator=gen).t()  # mul: columns apart
+        wt = torch.randn(k, n, generator=gen)  # a weight (out, in) = (k, n): g W is (m, n)
+        ref = (g.double() @ wt.double()) * mul.double()
+        assert _err(linear_f32.input_grad(g, wt, mul=mul), ref) <= 4 * _err((g @ wt) * mul, ref) + 1e-7
+        with pytest.raises(ValueError, match="multiplier"):
+            linear_f32.input_grad(g, wt, mul=mul[:-1])
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+@pytest.mark.skipif(not fused_linear.float32_available(), reason="fused_linear's float32 path is off on this CPU")
+def test_float32_mlp_keeps_gelus_value_and_derivative_with_autograds_numbers():
+    from vitscope import fused_mlp
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 50, 64, requires_grad=True)
+    params = [torch.randn(256, 64) * 0.1, torch.randn(256), torch.randn(64, 256) * 0.1, torch.randn(64)]
+    w1, b1, w2, b2 = (p.requires_grad_() for p in params)
+    assert fused_mlp.fusable(x, w1, b1, w2, b2)
+    assert not fused_mlp.fusable(x, w1[:250], b1[:250], w2[:, :250], b2)  # hidden 250: torch's modules
+    g = torch.randn(3, 50, 64)
+    ours = torch.autograd.grad(fused_mlp.mlp(x, w1, b1, w2, b2), (x, w1, b1, w2, b2), g)
+    theirs = torch.autograd.grad(F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2), (x, w1, b1, w2, b2), g)
+    xd = [t.detach().double().requires_grad_() for t in (x, w1, b1, w2, b2)]
+    exact = torch.autograd.grad(F.linear(F.gelu(F.linear(xd[0], xd[1], xd[2])), xd[3], xd[4]), xd, g.double())
+    for o, t, e in zip(ours, theirs, exact):
+        assert o.shape == e.shape and _err(o, e) <= 3 * _err(t, e) + 1e-7
+    with torch.no_grad():  # inference: no gradient recorded, so the MLP is not taken
+        assert not fused_mlp.fusable(x, w1, b1, w2, b2)
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """Counts the kernel's calls by product."""
     seen: list[str] = []
-    for name in ("forward", "input_grad", "weight_and_bias_grad"):
+    for name in ("forward", "forward_gelu", "input_grad", "weight_and_bias_grad"):
         fn = getattr(linear_f32, name)
 
         def counting(*args, _fn=fn, _name=name, **kwargs):
@@ -119,8 +175,10 @@ def test_vit_float32_training_takes_every_product_here_with_nn_linears_gradients
         return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     logits, grads = step()
-    # qkv/proj/fc1/fc2 of both blocks and the patch embedding forward; the head's 10 columns stay torch's
-    assert calls.count("forward") >= 8 and calls.count("input_grad") >= 7 and calls.count("weight_and_bias_grad") >= 8
+    # qkv/proj/fc2 of both blocks forward, fc1 with its GELU, and their backwards; the head's backward too (its
+    # forward's 10 columns stay oneDNN's); the patch embedding is a convolution
+    assert calls.count("forward") == 6 and calls.count("forward_gelu") == 2
+    assert calls.count("input_grad") == 9 and calls.count("weight_and_bias_grad") == 9
     monkeypatch.setattr(fused_linear, "float32_fusable", lambda *a: False)
     ref_logits, ref = step()
     assert torch.allclose(logits, ref_logits, rtol=1e-4, atol=1e-5)

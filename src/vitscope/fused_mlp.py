@@ -11,10 +11,15 @@ the hidden layer's GELU forward and backward took 1.5 + 1.1 ms against 1.1 + 2.9
 Where vitscope's product kernel runs (linear_kernel.py: AVX512-BF16, no AMX), it takes fc1 with the
 GELU lookup in its own pass, fc2, and both backward products, the multiply by d in its epilogue.
 
-It runs where `fusable` says: CPU, bfloat16 (autocast or bfloat16 tensors), autograd recording,
-oneDNN's bfloat16 linear and vitscope's kernels available, outside tracing, forward-mode AD and
-torch.func; under torch.compile as the custom op `vitscope::mlp_bf16`, which the graph keeps. Double
-backward is not supported (it raises). Elsewhere vit.Mlp keeps its modules.
+On fused_linear's float32 path (AMD CPUs with AVX2 and no AVX-512) the same MLP runs in float32 on
+vitscope's float32 product kernel (linear_f32.py): fc1's product writes gelu(a) and gelu'(a) from its own
+pass (exact GELU from erfc, as fused_gelu's float32 kernel), fc2's backward product multiplies by gelu'(a)
+before storing; the plain 28x28 ViT's training step 1.02x (ab_kernels.py --dtype float32 --part mlp).
+
+It runs where `fusable` says: CPU, bfloat16 (autocast or bfloat16 tensors) with oneDNN's bfloat16 linear
+and vitscope's kernels available, or that float32 path; autograd recording, outside tracing, forward-mode
+AD and torch.func; in bfloat16 under torch.compile as the custom op `vitscope::mlp_bf16`, which the graph
+keeps. Double backward is not supported (it raises). Elsewhere vit.Mlp keeps its modules.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import fused_gelu, fused_linear, linear_kernel, native
+from . import fused_gelu, fused_linear, linear_f32, linear_kernel, native
 
 _KERNEL = fused_linear._KERNEL
 
@@ -35,16 +40,32 @@ def fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | N
     if torch.compiler.is_compiling():
         return (_KERNEL is not None and hasattr(_KERNEL, "binary") and fused_linear.bfloat16_inputs(x, w1, b1)
                 and fused_linear.bfloat16_inputs(x, w2, b2) and native.has("avx512_bf16"))
+    if x.dtype == torch.float32 and fused_linear.float32_fusable(x, w1, b1):
+        return _float32_fusable(x, w1, b1, w2, b2)
     if not (fused_linear.fusable(x, w1, b1) and fused_linear.fusable(x, w2, b2)):
         return False
     return hasattr(_KERNEL, "binary") and native.runnable(x, w1, b1, w2, b2, isa="avx512_bf16")
+
+
+def _float32_fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> bool:
+    """On fused_linear's float32 path, whether linear_f32's kernel takes all six products of `mlp`: fc1 with
+    its GELU, fc2, and the backward's (widths multiples of 8, matching shapes; float32 throughout)."""
+    if not fused_linear.float32_fusable(x, w2, b2) or x.shape[-1] != w1.shape[1] or w1.shape[0] != w2.shape[1]:
+        return False
+    # a row each of x (M, in) and of the hidden activation (M, hidden) stand for them: the checks look at widths
+    # (mlp hands the kernels x's rows with unit stride)
+    row, hidden = x.new_empty(1, x.shape[-1]), x.new_empty(1, w1.shape[0])
+    return (linear_f32.runnable(row, w1, b1) and linear_f32.runnable(hidden, w2, b2)
+            and linear_f32.runnable(hidden, w1, forward=False) and linear_f32.usable(x))
 
 
 def _forward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """(y (..., out), h (M, hidden), d (M, hidden)): the output, and GELU's output and derivative, kept
     for the backward instead of fc1's output."""
     x2 = x.reshape(-1, x.shape[-1])  # (M, in)
-    if linear_kernel.runnable(x2, w1, b1):
+    if x2.dtype == torch.float32:
+        h, d = linear_f32.forward_gelu(x2, w1, b1)  # (M, hidden) each, in the product's own pass
+    elif linear_kernel.runnable(x2, w1, b1):
         h, d = linear_kernel.forward_gelu(x2, w1, b1)  # (M, hidden) each, from the product's own pass
     else:
         h, d = fused_gelu.gelu_and_derivative(_KERNEL(x2, w1, b1, "none", [], ""))  # (M, hidden) each
@@ -55,7 +76,7 @@ def _forward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | 
 def _backward(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor,
               needs: list[bool]) -> list[Tensor | None]:
     """[gx, gw1, gb1, gw2, gb2], each None where `needs` (in that order) says it is not wanted."""
-    g = g.reshape(-1, g.shape[-1]).to(torch.bfloat16)  # (M, out)
+    g = g.reshape(-1, g.shape[-1]).to(h.dtype)  # (M, out)
     if g.stride(-1) != 1 or g.stride(0) != g.shape[-1]:
         g = g.contiguous()
     x2 = x.reshape(-1, x.shape[-1])
@@ -63,7 +84,9 @@ def _backward(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor
     gx = gw1 = gb1 = None
     gw2, gb2 = fused_linear.weight_and_bias_grad(g, h, need_b2, weight=need_w2)  # (out, hidden), (out,)
     if need_x or need_w1 or need_b1:
-        if linear_kernel.runnable(g, w2, forward=False):
+        if g.dtype == torch.float32:
+            ga = linear_f32.input_grad(g, w2, mul=d)  # (g W2) ∘ gelu'(a): (M, hidden)
+        elif linear_kernel.runnable(g, w2, forward=False):
             ga = linear_kernel.input_grad(g, w2, mul=d)  # (g W2) ∘ gelu'(a): (M, hidden)
         else:
             ga = _KERNEL.binary(g, d, w2.t(), None, "mul")  # the same in oneDNN; W2ᵀ as a view
@@ -142,7 +165,10 @@ _op.register_autograd(_op_backward, setup_context=_op_setup_context)
 
 
 def mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> Tensor:
-    """fc2(gelu(fc1(x))) in bfloat16, x (..., in) -> (..., out). Call it only where `fusable` says."""
+    """fc2(gelu(fc1(x))) in bfloat16 (or float32 on fused_linear's float32 path, float32 tensors), x (..., in)
+    -> (..., out). Call it only where `fusable` says."""
+    if x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
+        return _Mlp.apply(x if x.stride(-1) == 1 else x.contiguous(), w1, b1, w2, b2)
     dt = torch.bfloat16
     x, w1, w2 = x.to(dt), w1.to(dt), w2.to(dt)
     b1 = None if b1 is None else b1.to(dt)

@@ -1,10 +1,18 @@
 """vitscope's float32 linear products on CPUs with AVX2 and without AVX-512 (native/linear_f32_avx2.c).
 
-A linear layer's three products: the forward x Wᵀ + b (`forward`), the input gradient g W (`input_grad`) and
-the weight and bias gradients gᵀ x and g's column sums (`weight_and_bias_grad`). fused_linear's float32 path
-(`fused_linear.float32_fusable`: AMD CPUs with AVX2 and no AVX-512, where MKL's sgemm takes a generic path)
-calls them in place of oneDNN's and MKL's products wherever `runnable` says they may run. The sums are float32,
-in another order than MKL's or oneDNN's: results agree to float32 rounding, not bit for bit.
+A linear layer's three products: the forward x Wᵀ + b (`forward`; with the GELU's value and derivative in
+the same pass, `forward_gelu`, for fused_mlp's training MLP), the input gradient g W (`input_grad`, optionally
+times GELU's derivative) and the weight and bias gradients gᵀ x and g's column sums (`weight_and_bias_grad`).
+fused_linear's float32 path (`fused_linear.float32_fusable`: AMD CPUs with AVX2 and no AVX-512, where MKL's
+sgemm takes a generic path) calls them in place of oneDNN's and MKL's products wherever `runnable` says they
+may run. The sums are float32, in another order than MKL's or oneDNN's: results agree to float32 rounding,
+not bit for bit.
+
+On a 2-core Zen 3 EPYC (benchmarks/RESULTS.md, "CPUs without AVX-512"), alone at the plain 28x28 ViT's shapes
+(benchmarks/ab_float32_ops.py) 0.97-1.25x what the path ran before (oneDNN's linear forward and for the input
+gradient, torch.mm and a column sum for the weight and bias gradients); the plain ViT's float32 training step
+1.04x (ab_kernels.py --dtype float32 --part linear-f32), and with the MLP's GELU in fc1's pass and its
+derivative multiplied in fc2's backward (fused_mlp.py) 1.02x more (--part mlp).
 """
 
 from __future__ import annotations
@@ -42,25 +50,44 @@ def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool 
     return usable(x, w, bias)
 
 
-def _product(x: Tensor, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None) -> Tensor:
+def _product(x: Tensor, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None = None,
+             gelu: bool = False, derivative: bool = False) -> tuple[Tensor, Tensor | None]:
     (m, k), threads = x.shape, torch.get_num_threads()
     y = torch.empty(m, n)
+    d = torch.empty(m, n) if derivative else None
     packed = torch.empty(16 * k * ((n + 15) // 16))
     b = None if bias is None else bias.contiguous()
+    if mul is not None:
+        if mul.shape != (m, n):
+            raise ValueError(f"linear_f32: the multiplier is {tuple(mul.shape)}, the product ({m}, {n})")
+        if mul.dtype != torch.float32 or mul.stride(1) != 1:
+            mul = mul.float().contiguous()
     native.library().vs_linear_f32_avx2(
         x.data_ptr(), x.stride(0), m, k, w.data_ptr(), w.stride(0), int(weight_rows), n,
-        None if b is None else b.data_ptr(), y.data_ptr(), n, packed.data_ptr(), threads)
-    return y
+        None if b is None else b.data_ptr(), None if mul is None else mul.data_ptr(),
+        0 if mul is None else mul.stride(0), int(gelu), None if d is None else d.data_ptr(), y.data_ptr(), n,
+        packed.data_ptr(), threads)
+    return y, d
 
 
-def forward(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x (M, in) Wᵀ + b with w (out, in): (M, out). Call it only where `runnable(x, w, bias)`."""
-    return _product(x, w, True, w.shape[0], bias)
+def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
+    """x (M, in) Wᵀ + b with w (out, in): (M, out); with `gelu`, gelu of that (inference's fc1). Call it only
+    where `runnable(x, w, bias)`."""
+    return _product(x, w, True, w.shape[0], bias, gelu=gelu)[0]
 
 
-def input_grad(g: Tensor, w: Tensor) -> Tensor:
-    """g (M, out) W with w (out, in): (M, in). Call it only where `runnable(g, w, forward=False)`."""
-    return _product(g, w, False, w.shape[1], None)
+def forward_gelu(x: Tensor, w: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(gelu(a), gelu'(a)) for a = x (M, in) Wᵀ + b, each (M, out), from the product's own pass while its
+    rows are in cache (exact GELU from erfc, native/normal_avx2.h: as fused_gelu's float32 kernel). Call it
+    only where `runnable(x, w, bias)`."""
+    h, d = _product(x, w, True, w.shape[0], bias, gelu=True, derivative=True)
+    return h, d
+
+
+def input_grad(g: Tensor, w: Tensor, mul: Tensor | None = None) -> Tensor:
+    """g (M, out) W with w (out, in): (M, in), times `mul` (M, in) where given (fc2's backward: GELU's
+    derivative). Call it only where `runnable(g, w, forward=False)`."""
+    return _product(g, w, False, w.shape[1], None, mul)[0]
 
 
 def weight_grad_runnable(g: Tensor, x: Tensor) -> bool:
