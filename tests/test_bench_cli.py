@@ -27,8 +27,18 @@ def test_prints_the_kernels_and_both_variants(capsys):
     assert main(["bench", *SMALL]) == 0
     out = capsys.readouterr().out
     for part in ("vitscope's kernels here:", "attention, bfloat16", "train images/s", "infer images/s",
-                 "vitscope attend", "F.scaled_dot_product_attention", "explicit softmax"):
+                 "vitscope attend", "F.scaled_dot_product_attention", "explicit softmax", "GELU, float32 (erfc)",
+                 "linear products and MLP, float32"):
         assert part in out, part
+
+
+def test_float32_kernel_states_follow_the_kernels_checks():
+    from vitscope import linear_f32
+
+    gelu, linear = dict(bench.float32_kernel_states()).values()
+    assert gelu.startswith("on") == fused_gelu.fusable(torch.ones(2))
+    assert linear.startswith("on") == (linear_f32.usable() and fused_linear.float32_available())
+    assert all(s.startswith("on (avx2 build)") or s.startswith("off: ") for s in (gelu, linear))
 
 
 def test_json_has_every_measurement(capsys):

@@ -92,6 +92,20 @@ def kernel_states() -> list[tuple[str, str]]:
     rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))
     rows.append(("oneDNN linear, float32", "on (AMD without AVX-512, where MKL is slower)"
                  if fused_linear.float32_available() else "off: measured faster only on AMD CPUs without AVX-512"))
+    rows += float32_kernel_states()
+    return rows
+
+
+def float32_kernel_states() -> list[tuple[str, str]]:
+    """(kernel, state) for the float32 kernels of CPUs with AVX2 and no AVX-512: the GELU and, on the float32
+    linear path, the linear products with the MLP's GELU."""
+    why = native.why_not("avx2")
+    if why is None and native.has("avx512"):
+        why = "this CPU has AVX-512, where PyTorch's 16-wide kernels run"
+    rows = [("GELU, float32 (erfc)", "on (avx2 build)" if why is None else f"off: {why}")]
+    if why is None and not fused_linear.float32_available():
+        why = "they run on the float32 linear path (AMD CPUs without AVX-512)"
+    rows.append(("linear products and MLP, float32", "on (avx2 build)" if why is None else f"off: {why}"))
     return rows
 
 
