@@ -112,7 +112,6 @@ def test_gelu_epilogue_and_the_multiply(shape, threads):
         # products alone: the sums' order differs)
         assert _err(h, ref_h) <= 4 * _err(F.gelu(a), ref_h) + 1e-7
         assert _err(d, ref_d) <= 4 * _err(_gelu_and_grad64(a)[1].float(), ref_d) + 1e-7
-        assert torch.equal(linear_f32.forward(x, w, b, gelu=True), h)  # inference: the value alone, the same
         g, mul = torch.randn(m, k, generator=gen), torch.rand(n, m, generator=gen).t()  # mul: columns apart
         wt = torch.randn(k, n, generator=gen)  # a weight (out, in) = (k, n): g W is (m, n)
         ref = (g.double() @ wt.double()) * mul.double()

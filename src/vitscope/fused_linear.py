@@ -306,27 +306,6 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return fused_gelu.gelu_(_KERNEL(x, weight, bias, "none", [], ""))
 
 
-def gelu_fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
-    """Whether `linear_gelu(x, weight, bias)` may run: in bfloat16 where `fusable`, in float32 where
-    `float32_fusable` and vitscope's float32 kernel takes the product (its GELU in the same pass)."""
-    from . import linear_f32
-
-    if fusable(x, weight, bias):
-        return True
-    return float32_fusable(x, weight, bias) and linear_f32.runnable(x.new_empty(1, x.shape[-1]), weight, bias)
-
-
-def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """gelu(x Wᵀ + b), x (..., in) -> (..., out), in inference (nothing recording gradients): `linear(...,
-    gelu=True)` in bfloat16, linear_f32's product with its GELU in float32. Call it only where `gelu_fusable`."""
-    from . import linear_f32
-
-    if float32_inputs(x, weight, bias):
-        x2 = _rows(x if x.stride(-1) == 1 else x.contiguous())
-        return linear_f32.forward(x2, weight, bias, gelu=True).view(*x.shape[:-1], weight.shape[0])
-    return linear(x, weight, bias, gelu=True)
-
-
 class Linear(nn.Linear):
     """`nn.Linear` that adds its bias inside oneDNN's matmul where `fusable` allows, in inference and training,
     and runs float32 through oneDNN where `float32_fusable` says it is faster.

@@ -51,10 +51,10 @@ def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool 
 
 
 def _product(x: Tensor, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None = None,
-             gelu: bool = False, derivative: bool = False) -> tuple[Tensor, Tensor | None]:
+             gelu: bool = False) -> tuple[Tensor, Tensor | None]:
     (m, k), threads = x.shape, torch.get_num_threads()
     y = torch.empty(m, n)
-    d = torch.empty(m, n) if derivative else None
+    d = torch.empty(m, n) if gelu else None
     packed = torch.empty(16 * k * ((n + 15) // 16))
     b = None if bias is None else bias.contiguous()
     if mul is not None:
@@ -70,17 +70,16 @@ def _product(x: Tensor, w: Tensor, weight_rows: bool, n: int, bias: Tensor | Non
     return y, d
 
 
-def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
-    """x (M, in) Wᵀ + b with w (out, in): (M, out); with `gelu`, gelu of that (inference's fc1). Call it only
-    where `runnable(x, w, bias)`."""
-    return _product(x, w, True, w.shape[0], bias, gelu=gelu)[0]
+def forward(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (M, in) Wᵀ + b with w (out, in): (M, out). Call it only where `runnable(x, w, bias)`."""
+    return _product(x, w, True, w.shape[0], bias)[0]
 
 
 def forward_gelu(x: Tensor, w: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(gelu(a), gelu'(a)) for a = x (M, in) Wᵀ + b, each (M, out), from the product's own pass while its
     rows are in cache (exact GELU from erfc, native/normal_avx2.h: as fused_gelu's float32 kernel). Call it
     only where `runnable(x, w, bias)`."""
-    h, d = _product(x, w, True, w.shape[0], bias, gelu=True, derivative=True)
+    h, d = _product(x, w, True, w.shape[0], bias, gelu=True)
     return h, d
 
 

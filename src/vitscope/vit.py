@@ -132,9 +132,10 @@ _EXACT_GELUS = (nn.GELU, fused_gelu.GELU)  # the activations the fused MLP paths
 class Mlp(nn.Module):
     """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias runs inside its matmul and the GELU in
     it or in a table pass right after (vitscope/fused_linear.py); in bfloat16 training the MLP keeps
-    GELU's derivative instead of its input (vitscope/fused_mlp.py). On fused_linear's float32 path (AMD CPUs
-    without AVX-512) the same two, with the GELU in vitscope's float32 product (linear_f32.py). Either only
-    where nothing could observe fc1's, the GELU's or fc2's calls."""
+    GELU's derivative instead of its input (vitscope/fused_mlp.py), and so does float32 training on
+    fused_linear's float32 path (AMD CPUs without AVX-512; in float32 inference fc1's product with the GELU in
+    its pass measured 0.96x the GELU kernel's own pass). Either only where nothing could observe fc1's, the
+    GELU's or fc2's calls."""
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
@@ -148,7 +149,7 @@ class Mlp(nn.Module):
         inner = (self.fc1, self.act, self.drop1)
         return (type(self.act) in _EXACT_GELUS and self.act.approximate == "none" and type(self.fc1) is Linear
                 and not (self.drop1.training and self.drop1.p > 0)
-                and fused_linear.gelu_fusable(x, self.fc1.weight, self.fc1.bias)
+                and fused_linear.fusable(x, self.fc1.weight, self.fc1.bias)
                 and not fused_linear.needs_grad(x, self.fc1.weight, self.fc1.bias)
                 and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
 
@@ -161,7 +162,7 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self._gelu_fusable(x):
-            return self.drop2(self.fc2(fused_linear.linear_gelu(x, self.fc1.weight, self.fc1.bias)))
+            return self.drop2(self.fc2(fused_linear.linear(x, self.fc1.weight, self.fc1.bias, gelu=True)))
         if self._training_fusable(x):
             return self.drop2(fused_mlp.mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias))
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
