@@ -56,18 +56,17 @@ def _kernel_cases(onednn, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: 
     }
 
 
-def _kernel_products(onednn, args) -> None:
-    """vitscope's float32 products against what fused_linear's float32 path runs without them."""
+def _table(args, cases_for, first: str, second: str) -> None:
+    """One row per product and shape: `cases_for(x, w, b, g)`'s pairs timed in alternating rounds."""
     m = args.rows
-    print("\n| product | out × in | kernel ms | without ms | without ÷ kernel | kernel GFLOP/s | without GFLOP/s "
-          "| error, kernel | error, without |")
+    print(f"\n| product | out × in | {first} ms | {second} ms | {second} ÷ {first} | {first} GFLOP/s "
+          f"| {second} GFLOP/s | error, {first} | error, {second} |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for shape in args.shapes:
         out, inp = (int(v) for v in shape.split("x"))
         x, w, b, g = torch.randn(m, inp), torch.randn(out, inp) * inp**-0.5, torch.randn(out), torch.randn(m, out)
         flops = 2 * m * out * inp
-        cases = _kernel_cases(onednn, x, w, b, g)
-        for name, (ours, theirs, exact) in cases.items():
+        for name, (ours, theirs, exact) in cases_for(x, w, b, g).items():
             a, t, ea, et = ab.alternate_calls(ours, theirs, exact, rounds=args.rounds, reps=args.reps)
             print(f"| {name} | {out} × {inp} | {a:.2f} | {t:.2f} | {t / a:.2f} | {flops / a / 1e6:.0f} "
                   f"| {flops / t / 1e6:.0f} | {ea:.1e} | {et:.1e} |")
@@ -83,23 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     m = args.rows
     print(machine_header())
     print(f"\nfloat32, M = {m} rows, median of {args.rounds} alternating rounds of {args.reps} calls; "
-          f"fused_linear.float32_available(): {fused_linear.float32_available()}\n")
-    print("| product | out × in | oneDNN ms | torch ms | torch ÷ oneDNN | oneDNN GFLOP/s | torch GFLOP/s "
-          "| error, oneDNN | error, torch |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    widest = 0
-    for shape in args.shapes:
-        out, inp = (int(v) for v in shape.split("x"))
-        widest = max(widest, out, inp)
-        x, w, b, g = torch.randn(m, inp), torch.randn(out, inp) * inp**-0.5, torch.randn(out), torch.randn(m, out)
-        flops = 2 * m * out * inp
-        cases = _products(onednn, x, w, b, g)
-        for name, (ours, theirs, exact) in cases.items():
-            a, t, ea, et = ab.alternate_calls(ours, theirs, exact, rounds=args.rounds, reps=args.reps)
-            print(f"| {name} | {out} × {inp} | {a:.2f} | {t:.2f} | {t / a:.2f} | {flops / a / 1e6:.0f} "
-                  f"| {flops / t / 1e6:.0f} | {ea:.1e} | {et:.1e} |")
-    if linear_f32.usable():
-        _kernel_products(onednn, args)
+          f"fused_linear.float32_available(): {fused_linear.float32_available()}")
+    _table(args, lambda x, w, b, g: _products(onednn, x, w, b, g), "oneDNN", "torch")
+    if linear_f32.usable():  # vitscope's products against what the float32 path runs without them
+        _table(args, lambda x, w, b, g: _kernel_cases(onednn, x, w, b, g), "kernel", "without")
+    widest = max(int(v) for shape in args.shapes for v in shape.split("x"))
     a = torch.randn(m, widest) * 3
     if not fused_gelu.fusable(a):
         print(f"\nGELU: vitscope's float32 kernel does not run here ({native.why_not('avx2') or 'an AVX-512 CPU'})")
