@@ -65,7 +65,7 @@ def _product(x: Tensor, w: Tensor, weight_rows: bool, n: int, bias: Tensor | Non
     native.library().vs_linear_f32_avx2(
         x.data_ptr(), x.stride(0), m, k, w.data_ptr(), w.stride(0), int(weight_rows), n,
         None if b is None else b.data_ptr(), None if mul is None else mul.data_ptr(),
-        0 if mul is None else mul.stride(0), int(gelu), None if d is None else d.data_ptr(), y.data_ptr(), n,
+        0 if mul is None else mul.stride(0), None if d is None else d.data_ptr(), y.data_ptr(), n,
         packed.data_ptr(), threads)
     return y, d
 

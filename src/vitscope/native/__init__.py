@@ -235,7 +235,7 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_conv_weight_grad_bf16.restype = i32
     lib.vs_linear_bf16.argtypes = [p, i64, i64, i64, p, i64, i32, i64, p, p, i64, p, i64, i32, p, p, i32]
     lib.vs_linear_bf16.restype = None
-    lib.vs_linear_f32_avx2.argtypes = [p, i64, i64, i64, p, i64, i32, i64, p, p, i64, i32, p, p, i64, p, i32]
+    lib.vs_linear_f32_avx2.argtypes = [p, i64, i64, i64, p, i64, i32, i64, p, p, i64, p, p, i64, p, i32]
     lib.vs_linear_f32_avx2.restype = None
     lib.vs_weight_grad_f32_avx2.argtypes = [p, i64, p, i64, i64, i64, i64, p, p, p, p, i32]
     lib.vs_weight_grad_f32_avx2.restype = i32

@@ -29,21 +29,20 @@
    chunk (each measured best of a few values at the plain ViT's and ViT-S/16's shapes) */
 enum { MC = 96, KB = 512, KC = 64 };
 
-/* What follows a panel's sums, on its rows [i0, i1) and 8 nv columns while they are in L1: with gelu, y = gelu(y)
-   and, unless d is NULL, d = gelu'(y) (fc1: in training its GELU's value and derivative, the pre-activation
-   never written out; in inference the value); else y = y mul (fc2's input gradient times GELU's derivative). */
-static void epilogue(float *y, int64_t ldy, int64_t i0, int64_t i1, int nv, const float *mul, int64_t ldm, int gelu,
-                     float *d)
+/* What follows a panel's sums, on its rows [i0, i1) and 8 nv columns while they are in L1: with d, y = gelu(y)
+   and d = gelu'(y) (fc1 in training: its GELU's value and derivative, the pre-activation never written out);
+   else y = y mul (fc2's input gradient times GELU's derivative). */
+static void epilogue(float *y, int64_t ldy, int64_t i0, int64_t i1, int nv, const float *mul, int64_t ldm, float *d)
 {
     for (int64_t i = i0; i < i1; i++)
         for (int v = 0; v < nv; v++) {
             float *yi = y + i * ldy + 8 * v;
             const __m256 a = _mm256_loadu_ps(yi);
-            if (gelu) {
+            if (d) {
                 __m256 h, dh;
                 gelu_and_grad8(a, &h, &dh);
                 _mm256_storeu_ps(yi, h);
-                if (d) _mm256_storeu_ps(d + i * ldy + 8 * v, dh);
+                _mm256_storeu_ps(d + i * ldy + 8 * v, dh);
             } else {
                 _mm256_storeu_ps(yi, _mm256_mul_ps(a, _mm256_loadu_ps(mul + i * ldm + 8 * v)));
             }
@@ -53,11 +52,11 @@ static void epilogue(float *y, int64_t ldy, int64_t i0, int64_t i1, int nv, cons
 /* y (m, n) at row stride ldy = x (m, k) B (+ bias, n floats, or NULL), x's rows at stride ldx. B: with
    `weight_rows` 1, w (n, k) at row stride ldw and y = x wᵀ (a linear layer's forward); with 0, w (k, n) and
    y = x w (its input gradient g W). n % 8 == 0. bp: 16 k ceil(n / 16) floats, for the packed panels.
-   With gelu, y = gelu(x B + bias) and, unless d is NULL, d (m, n at row stride ldy) gelu'(x B + bias); else
-   with mul (m, n at row stride ldm, or NULL), y = (x B + bias) mul. */
+   With d (m, n at row stride ldy, or NULL), y = gelu(x B + bias) and d = gelu'(x B + bias); else with mul (m, n
+   at row stride ldm, or NULL), y = (x B + bias) mul. */
 void vs_linear_f32_avx2(const float *x, int64_t ldx, int64_t m, int64_t k, const float *w, int64_t ldw,
-                        int weight_rows, int64_t n, const float *bias, const float *mul, int64_t ldm, int gelu,
-                        float *d, float *y, int64_t ldy, float *bp, int threads)
+                        int weight_rows, int64_t n, const float *bias, const float *mul, int64_t ldm, float *d,
+                        float *y, int64_t ldy, float *bp, int threads)
 {
     const int64_t panels = (n + 15) / 16;
 #pragma omp parallel num_threads(threads)
@@ -92,8 +91,8 @@ void vs_linear_f32_avx2(const float *x, int64_t ldx, int64_t m, int64_t k, const
                     else
                         for (; i + 12 <= i1; i += 12) tile(12, 1, kn, xa + i * ldx, ldx, 1, b, 16, yp + i * ldy, ldy, c0 ? c0 + i * s0 : NULL, s0);
                     if (i < i1) tile_any((int)(i1 - i), nv, kn, xa + i * ldx, ldx, 1, b, 16, yp + i * ldy, ldy, c0 ? c0 + i * s0 : NULL, s0);
-                    if (k0 + kn == k && (gelu || mul))
-                        epilogue(yp, ldy, i0, i1, nv, mul ? mul + 16 * p : NULL, ldm, gelu, d ? d + 16 * p : NULL);
+                    if (k0 + kn == k && (d || mul))
+                        epilogue(yp, ldy, i0, i1, nv, mul ? mul + 16 * p : NULL, ldm, d ? d + 16 * p : NULL);
                 }
             }
         }
