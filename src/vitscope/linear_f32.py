@@ -9,10 +9,12 @@ may run. The sums are float32, in another order than MKL's or oneDNN's: results 
 not bit for bit.
 
 On a 2-core Zen 3 EPYC (benchmarks/RESULTS.md, "CPUs without AVX-512"), alone at the plain 28x28 ViT's shapes
-(benchmarks/ab_float32_ops.py) 0.97-1.25x what the path ran before (oneDNN's linear forward and for the input
+(benchmarks/ab_float32_ops.py) 0.97-1.26x what the path ran before (oneDNN's linear forward and for the input
 gradient, torch.mm and a column sum for the weight and bias gradients); the plain ViT's float32 training step
-1.04x (ab_kernels.py --dtype float32 --part linear-f32), and with the MLP's GELU in fc1's pass and its
-derivative multiplied in fc2's backward (fused_mlp.py) 1.02x more (--part mlp).
+1.04x (ab_kernels.py --dtype float32 --part linear-f32), with the MLP's GELU in fc1's pass and its
+derivative multiplied in fc2's backward (fused_mlp.py) 1.02x more (--part mlp), and with x packed per 6 rows,
+the next panel's output and multiplier prefetched and the derivative stored past the cache 1.08x more
+(ab_native_build.py --dtype float32 --ref d4bd997).
 """
 
 from __future__ import annotations
