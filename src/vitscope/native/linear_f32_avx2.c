@@ -83,8 +83,9 @@ void vs_linear_f32_avx2(const float *x, int64_t ldx, int64_t m, int64_t k, const
                     memcpy(dst + kk * 16, w + kk * ldw + 16 * p, sizeof(float) * (size_t)cols);
             }
         }
-        /* this thread's chunk of x as slivers of 6 rows, kn x 6 floats each (NULL, where malloc fails: x in place) */
-        float *ap = malloc(sizeof(float) * (size_t)((m < MC ? m : MC) * (k < KB ? k : KB)));
+        /* this thread's chunk of x as slivers of 6 rows, kn x 6 floats each, for the 6 x 16 tiles (NULL where
+           there are none, n being 8, or where malloc fails: x read in place) */
+        float *ap = n >= 16 ? malloc(sizeof(float) * (size_t)((m < MC ? m : MC) * (k < KB ? k : KB))) : NULL;
 #pragma omp for schedule(static)
         for (int64_t i0 = 0; i0 < m; i0 += MC) {
             const int64_t i1 = i0 + MC < m ? i0 + MC : m;
