@@ -1,15 +1,19 @@
-"""A/B: the conv stem's weight gradients, vitscope's kernel (native/conv_weight_grad.c) against oneDNN's.
+"""A/B: the conv stem's weight gradients, vitscope's kernel against oneDNN's.
 
     python benchmarks/ab_conv_weight_grad.py [--model vit_fmnist_quick] [--batch 128] [--rounds 8]
+    python benchmarks/ab_conv_weight_grad.py --dtype float32     # the AVX2 float32 kernel
 
-Two tables, both from one process with freed memory kept (vitscope.allocator):
-- alone: each stem conv's weight gradient as the training step has it (bfloat16 channels-last g and x),
-  the kernel against `convolution_backward` asked for the weight's gradient only, in alternating rounds;
-  milliseconds, GFLOP/s and the largest error against float64 (relative to its largest value);
-- in the step: whole bfloat16 training steps with the kernel and without (vitscope.fused_conv.fusable
-  saying no), alternating (benchmarks/_ab.py), and the time autograd spends in each stem conv's backward
-  node (both gradients; the patch projection's too), read from hooks on the nodes themselves (module
-  hooks would change the step).
+The kernel is native/conv_weight_grad.c under bfloat16 autocast (the default), and with `--dtype float32`
+native/conv_weight_grad_f32_avx2.c in float32 steps. Two tables, both from one process with freed memory
+kept (vitscope.allocator):
+- alone: each stem conv's weight gradient as the training step has it (channels-last g and x in the
+  step's dtype), the kernel against `convolution_backward` asked for the weight's gradient only, in
+  alternating rounds; milliseconds, GFLOP/s and the largest error against float64 (relative to its
+  largest value);
+- in the step: whole training steps with the kernel and without (vitscope.fused_conv.fusable saying no),
+  alternating (benchmarks/_ab.py), and the time autograd spends in each stem conv's backward node (both
+  gradients; the patch projection's too), read from hooks on the nodes themselves (module hooks would
+  change the step).
 """
 
 from __future__ import annotations
@@ -26,44 +30,45 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator, fused_conv, native  # noqa: E402
+from vitscope import allocator, fused_conv, fused_linear, linear_f32, native  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 BF, CL = torch.bfloat16, torch.channels_last
 
 
 
-def _stem_inputs(model: nn.Module, batch: int) -> list[tuple[nn.Conv2d, torch.Tensor, torch.Tensor]]:
-    """Each stem conv with its input and an output gradient of the training step's shapes and layout."""
+def _stem_inputs(model: nn.Module, batch: int, dt: torch.dtype) -> list[tuple[nn.Conv2d, torch.Tensor, torch.Tensor]]:
+    """Each stem conv with its input and an output gradient of the training step's shapes, dtype and layout."""
     found, x = [], torch.randn(batch, model.patch_embed.in_chans, *model.patch_embed.img_size)
-    with torch.no_grad(), torch.autocast("cpu", dtype=BF):
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF, enabled=dt == BF):
         x = x.contiguous(memory_format=CL)
         for mod in model.patch_embed.stem:
             if isinstance(mod, nn.Conv2d):
                 y = mod(x)
-                found.append((mod, x.to(BF).contiguous(memory_format=CL),
-                              torch.randn(y.shape).to(BF).contiguous(memory_format=CL)))
+                found.append((mod, x.to(dt).contiguous(memory_format=CL),
+                              torch.randn(y.shape).to(dt).contiguous(memory_format=CL)))
             x = mod(x)
     return found
 
 
-def alone(model: nn.Module, batch: int, rounds: int, reps: int) -> None:
+def alone(model: nn.Module, batch: int, rounds: int, reps: int, dt: torch.dtype = BF) -> None:
     print("| conv (in → out, kernel, stride) | vitscope ms | GFLOP/s | oneDNN ms | GFLOP/s | ratio "
           "| error vitscope / oneDNN |")
     print("|---|---:|---:|---:|---:|---:|---|")
     totals = [0.0, 0.0]
-    for conv, x, g in _stem_inputs(model, batch):
-        with torch.autocast("cpu", dtype=BF):
+    kernel = fused_conv.weight_grad if dt == BF else fused_conv.weight_grad_f32
+    for conv, x, g in _stem_inputs(model, batch, dt):
+        with torch.autocast("cpu", dtype=BF, enabled=dt == BF):
             if not fused_conv.fusable(x, conv):
                 continue
-        w, s, p = conv.weight.to(BF).contiguous(memory_format=CL), conv.stride[0], conv.padding[0]
+        w, s, p = conv.weight.to(dt).contiguous(memory_format=CL), conv.stride[0], conv.padding[0]
 
-        def theirs(dtype=BF, g=g, x=x, w=w, s=s, p=p):
+        def theirs(dtype=dt, g=g, x=x, w=w, s=s, p=p):
             return torch.ops.aten.convolution_backward(g.to(dtype), x.to(dtype), w.to(dtype), None, [s, s], [p, p],
                                                        [1, 1], False, [0, 0], 1, [False, True, False])[1]
 
         def ours(g=g, x=x, w=w, s=s, p=p):
-            return fused_conv.weight_grad(g, x, w.shape, s, p)
+            return kernel(g, x, w.shape, s, p)
 
         ref = theirs(torch.float64)
         ma, mb, *errs = ab.alternate_calls(ours, theirs, ref, rounds=rounds, reps=reps)
@@ -75,7 +80,7 @@ def alone(model: nn.Module, batch: int, rounds: int, reps: int) -> None:
     print(f"\nall: vitscope {totals[0]:.2f} ms, oneDNN {totals[1]:.2f} ms, **{totals[1] / totals[0]:.2f}x**")
 
 
-def in_step(model: nn.Module, batch: int, rounds: int, steps_per_round: int) -> None:
+def in_step(model: nn.Module, batch: int, rounds: int, steps_per_round: int, dtype: str = "bfloat16") -> None:
     spent: dict[str, float] = collections.defaultdict(float)
 
     def timed(out: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
@@ -92,7 +97,7 @@ def in_step(model: nn.Module, batch: int, rounds: int, steps_per_round: int) -> 
     kernel_conv, module_forward = fused_conv.conv2d, nn.Conv2d._conv_forward
     fused_conv.conv2d = lambda x, conv: timed(kernel_conv(x, conv), conv)
     nn.Conv2d._conv_forward = lambda self, x, w, b: timed(module_forward(self, x, w, b), self)
-    step = ab.training_step(model, batch, "muon")
+    step = ab.training_step(model, batch, "muon", dtype=dtype)
     steps = {"kernel": step, "oneDNN": ab.with_attribute(step, fused_conv, "fusable", lambda *a: False)}
     for s in steps.values():
         for _ in range(3):
@@ -124,19 +129,23 @@ def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ap.add_argument("--reps", type=int, default=10, help="products per round and variant, alone")
     args = ap.parse_args(argv)
-    if not native.has("avx512_bf16"):
-        sys.exit(f"vitscope's kernels cannot run here: {native.why_not('avx512_bf16')}")
+    dt = BF if args.dtype == "bfloat16" else torch.float32
+    if dt == BF and not native.has("avx512_bf16"):
+        sys.exit(f"vitscope's bfloat16 kernels cannot run here: {native.why_not('avx512_bf16')}")
+    if dt == torch.float32 and not (fused_linear.float32_available() and linear_f32.usable()):
+        sys.exit("vitscope's float32 conv kernel runs only on AMD CPUs with AVX2 and FMA and without AVX-512"
+                 + (f" ({native.why_not('avx2')})" if native.why_not("avx2") else ""))
     allocator.keep_freed_memory()
     torch.manual_seed(0)
     model = create_model(args.model)
     print(machine_header())
     print(f"\n{args.model}, batch {args.batch}: each stem conv's weight gradient alone, {args.rounds} alternating "
           f"rounds of {args.reps}\n")
-    alone(model, args.batch, args.rounds, args.reps)
-    print(f"\n{args.model}, batch {args.batch}, bfloat16 autocast training step (Muon, as the quick preset), "
+    alone(model, args.batch, args.rounds, args.reps, dt)
+    print(f"\n{args.model}, batch {args.batch}, {ab.step_label(args)} training step (Muon, as the quick preset), "
           f"{args.rounds} alternating rounds of {args.steps}: each conv's backward node (the stem's and the patch\n"
           f"projection's; in → out, kernel, stride)\n")
-    in_step(model, args.batch, args.rounds, args.steps)
+    in_step(model, args.batch, args.rounds, args.steps, args.dtype)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part conv-wgrad --model vit_fmnist_quick --batch 128 --optimizer muon
+    python benchmarks/ab_kernels.py --dtype float32 --part conv-wgrad --model vit_fmnist_quick --batch 128 \
+        --optimizer muon
     python benchmarks/ab_kernels.py --part linear --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part add-norm --inference --model vit_small_patch16_224 --batch 64 --steps 2
@@ -39,8 +41,8 @@ Parts (each switched off by making its `fusable`/`usable` say no):
   the two modules);
 - `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
   weight gradients where the output is small (off: oneDNN's matmul);
-- `conv-wgrad`: vitscope/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c
-  (off: oneDNN's convolution backward);
+- `conv-wgrad`: vitscope/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c, in
+  float32 (AVX2 CPUs) from native/conv_weight_grad_f32_avx2.c (off: oneDNN's convolution backward);
 - `linear`: native/linear.c (vitscope/linear_kernel.py), the linear layers' products forward and their input
   gradients, with fc1's GELU and the multiply by its derivative in the same passes (off: oneDNN's linear
   and matmul, and the GELU table's own pass);

@@ -1,19 +1,27 @@
-"""A conv's weight gradient in vitscope's kernel, for the conv stem's bfloat16 channels-last training on CPU.
+"""A conv's weight gradient in vitscope's kernels, for the conv stem's channels-last training on CPU.
 
 The forward and the input's gradient stay oneDNN's (`F.conv2d`, and `convolution_backward` asked for
-the input's gradient alone); the weight's gradient is native/conv_weight_grad.c's, which packs each
-chunk of the im2col rows straight from the channels-last input and sums gᵀ X in AVX512-BF16, float32
-per thread, rounded once. On a Zen 4 EPYC without AMX (2 threads, batch 128) oneDNN took the quick
-preset's stem convs' weight gradients at 95-340 GFLOP/s alone (its stride-2 ones at one of two speeds
-per process, 4 or 8.5 ms for the same call), the kernel at 330-390; the training step ran 1.03x as
-fast with it where oneDNN was at its fast speed and 1.11x where it was not
-(benchmarks/ab_conv_weight_grad.py; RESULTS.md, session 29).
+the input's gradient alone); the weight's gradient gᵀ X (X the im2col matrix, never written out) is
+vitscope's, in one of two kernels:
+
+- bfloat16 (native/conv_weight_grad.c, AVX512-BF16): packs each chunk of the im2col rows straight from
+  the channels-last input, float32 sums per thread, rounded once. On a Zen 4 EPYC without AMX (2 threads,
+  batch 128) oneDNN took the quick preset's stem convs' weight gradients at 95-340 GFLOP/s alone (its
+  stride-2 ones at one of two speeds per process, 4 or 8.5 ms for the same call), the kernel at 330-390;
+  the training step ran 1.03x as fast with it where oneDNN was at its fast speed and 1.11x where it was
+  not (benchmarks/ab_conv_weight_grad.py; RESULTS.md, session 29).
+- float32 (native/conv_weight_grad_f32_avx2.c, AVX2 and FMA, for the CPUs where vitscope's float32 linear
+  products run: `fused_linear.float32_available`): reads each tap's channels in place through a list of
+  the pixels inside the image, float32 sums. On a 2-core Zen 3 EPYC (batch 128) oneDNN's float32 weight
+  gradients of the quick preset's four 3x3 stem convs ran at 61-78 GFLOP/s, the kernel's at 92-126
+  (1.54x together; benchmarks/ab_conv_weight_grad.py --dtype float32, RESULTS.md "session 35").
 
 `fusable` says where it runs: a plain `nn.Conv2d` (one group, no dilation, zero padding the same on
-every side, the same stride both ways, no bias) whose weight wants a gradient, a CPU input under
-bfloat16 autocast or in bfloat16 with a bfloat16 weight, in and out channels multiples of 32, vitscope's
-kernels loaded, no AMX (oneDNN multiplies in its tiles there), outside torch.compile, tracing,
-forward-mode AD and torch.func. Double backward is not supported (it raises).
+every side, the same stride both ways, no bias) whose weight wants a gradient, outside torch.compile,
+tracing, forward-mode AD and torch.func, and either a CPU input under bfloat16 autocast (or bfloat16
+with a bfloat16 weight), in and out channels multiples of 32, the AVX512-BF16 kernels loaded and no
+AMX (oneDNN multiplies in its tiles there); or float32 input and weight without autocast, in channels
+a multiple of 16, on a CPU where the float32 kernel runs. Double backward is not supported (it raises).
 """
 
 from __future__ import annotations
@@ -22,38 +30,43 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import fused_linear, native
+from . import fused_linear, linear_f32, native
 
 
 def fusable(x: Tensor, conv: nn.Module) -> bool:
-    """Whether `conv2d(x, conv)` may stand in for `conv(x)`, with its weight's gradient from the kernel."""
+    """Whether `conv2d(x, conv)` may stand in for `conv(x)`, with its weight's gradient from a kernel."""
     if type(conv) is not nn.Conv2d or conv.bias is not None or conv.groups != 1 or conv.padding_mode != "zeros":
         return False
     if isinstance(conv.padding, str) or len(set(conv.padding)) != 1 or len(set(conv.stride)) != 1:
         return False
-    if conv.dilation != (1, 1) or conv.in_channels % 32 or conv.out_channels % 32:
-        return False
     w = conv.weight
-    if not (w.requires_grad and torch.is_grad_enabled()) or x.dim() != 4 or x.shape[1] != conv.in_channels:
+    if conv.dilation != (1, 1) or not (w.requires_grad and torch.is_grad_enabled()):
         return False
-    if not fused_linear.bfloat16_inputs(x, w) or fused_linear._cpu_has_amx():
+    if x.dim() != 4 or x.shape[1] != conv.in_channels:
         return False
-    return native.runnable(x, w, isa="avx512_bf16")
+    if fused_linear.bfloat16_inputs(x, w):
+        if conv.in_channels % 32 or conv.out_channels % 32 or fused_linear._cpu_has_amx():
+            return False
+        return native.runnable(x, w, isa="avx512_bf16")
+    if fused_linear.float32_inputs(x, w):
+        return conv.in_channels % 16 == 0 and fused_linear.float32_available() and linear_f32.usable(x, w)
+    return False
 
 
 def conv2d(x: Tensor, conv: nn.Conv2d) -> Tensor:
-    """`conv(x)` as bfloat16 autocast runs it, channels-last; call it only where `fusable(x, conv)`."""
-    dt, cl = torch.bfloat16, torch.channels_last
+    """`conv(x)` as bfloat16 autocast (or float32) runs it, channels-last; call it only where `fusable(x, conv)`."""
+    dt, cl = (torch.float32 if x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+              else torch.bfloat16), torch.channels_last
     return _Conv2d.apply(x.to(dt).contiguous(memory_format=cl), conv.weight.to(dt).contiguous(memory_format=cl),
                          conv.stride[0], conv.padding[0])
 
 
 class _Conv2d(torch.autograd.Function):
-    """oneDNN's forward and input gradient; the weight's gradient from native/conv_weight_grad.c."""
+    """oneDNN's forward and input gradient; the weight's gradient from vitscope's kernel for x's dtype."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, stride: int, pad: int) -> Tensor:
-        # x (B, C, H, W), weight (O, C, KH, KW): bfloat16, channels-last
+        # x (B, C, H, W), weight (O, C, KH, KW): both bfloat16 or both float32, channels-last
         ctx.save_for_backward(x, weight)
         ctx.stride, ctx.pad = stride, pad
         with torch.autocast("cpu", enabled=False):
@@ -63,12 +76,15 @@ class _Conv2d(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
-        g = grad.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)  # (B, O, OH, OW)
+        g = grad.to(x.dtype).contiguous(memory_format=torch.channels_last)  # (B, O, OH, OW)
         gx = None
         if ctx.needs_input_grad[0]:
             gx = torch.ops.aten.convolution_backward(g, x, weight, None, [ctx.stride] * 2, [ctx.pad] * 2, [1, 1],
                                                      False, [0, 0], 1, [True, False, False])[0]
-        gw = weight_grad(g, x, weight.shape, ctx.stride, ctx.pad) if ctx.needs_input_grad[1] else None
+        gw = None
+        if ctx.needs_input_grad[1]:
+            kernel = weight_grad if x.dtype == torch.bfloat16 else weight_grad_f32
+            gw = kernel(g, x, weight.shape, ctx.stride, ctx.pad)
         return gx, gw, None, None
 
 
@@ -85,3 +101,17 @@ def weight_grad(g: Tensor, x: Tensor, shape: torch.Size, stride: int, pad: int) 
         raise MemoryError("vitscope's conv weight-gradient kernel could not allocate its packing buffers")
     return dw
 
+
+
+def weight_grad_f32(g: Tensor, x: Tensor, shape: torch.Size, stride: int, pad: int) -> Tensor:
+    """The weight's gradient (O, C, KH, KW), channels-last float32, of a conv (one group, no dilation) with
+    output gradient g (B, O, OH, OW) and input x (B, C, H, W): both float32 channels-last, C % 16 == 0."""
+    (n, c, h, w), (o, _, kh, kw), (oh, ow) = x.shape, shape, g.shape[2:]
+    threads = torch.get_num_threads()
+    work = torch.empty(max(threads - 1, 0), o, kh * kw * c)
+    dw = torch.empty(shape, memory_format=torch.channels_last)
+    status = native.library().vs_conv_weight_grad_f32_avx2(g.data_ptr(), x.data_ptr(), n, h, w, c, oh, ow, o, kh,
+                                                           kw, stride, pad, work.data_ptr(), dw.data_ptr(), threads)
+    if status != 0:
+        raise MemoryError("vitscope's float32 conv weight-gradient kernel could not allocate its buffers")
+    return dw

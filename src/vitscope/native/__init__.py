@@ -52,7 +52,8 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 }
 # Which instruction set each source is compiled for (another source: the base set).
 SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "attention_f32_avx2.c": "avx2",
-           "batch_norm.c": "avx512_bf16", "conv_weight_grad.c": "avx512_bf16", "gelu.c": "avx512_bf16",
+           "batch_norm.c": "avx512_bf16", "conv_weight_grad.c": "avx512_bf16",
+           "conv_weight_grad_f32_avx2.c": "avx2", "gelu.c": "avx512_bf16",
            "gelu_f32_avx2.c": "avx2", "layer_norm.c": "avx512_bf16", "linear.c": "avx512_bf16",
            "linear_f32_avx2.c": "avx2",
            "residual.c": "avx512_bf16", "short_attention.c": "amx", "weight_grad.c": "avx512_bf16"}
@@ -233,6 +234,9 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_weight_grad_bf16.restype = i32
     lib.vs_conv_weight_grad_bf16.argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, i32, i32, i32, i32, p, p, i32]
     lib.vs_conv_weight_grad_bf16.restype = i32
+    lib.vs_conv_weight_grad_f32_avx2.argtypes = [p, p, i64, i64, i64, i64, i64, i64, i64, i32, i32, i32, i32, p, p,
+                                                 i32]
+    lib.vs_conv_weight_grad_f32_avx2.restype = i32
     lib.vs_linear_bf16.argtypes = [p, i64, i64, i64, p, i64, i32, i64, p, p, i64, p, i64, i32, p, p, i32]
     lib.vs_linear_bf16.restype = None
     lib.vs_linear_f32_avx2.argtypes = [p, i64, i64, i64, p, i64, i32, i64, p, p, i64, p, p, i64, p, i32]
