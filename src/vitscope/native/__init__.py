@@ -52,7 +52,8 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 }
 # Which instruction set each source is compiled for (another source: the base set).
 SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "attention_f32_avx2.c": "avx2",
-           "batch_norm.c": "avx512_bf16", "conv_weight_grad.c": "avx512_bf16",
+           "batch_norm.c": "avx512_bf16", "batch_norm_f32_avx2.c": "avx2",
+           "conv_weight_grad.c": "avx512_bf16",
            "conv_weight_grad_f32_avx2.c": "avx2", "gelu.c": "avx512_bf16",
            "gelu_f32_avx2.c": "avx2", "layer_norm.c": "avx512_bf16", "linear.c": "avx512_bf16",
            "linear_f32_avx2.c": "avx2",
@@ -218,6 +219,12 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_bn_gelu_fwd.restype = None
     lib.vs_bn_gelu_bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
     lib.vs_bn_gelu_bwd.restype = None
+    lib.vs_bn_stats_f32.argtypes = [p, i64, i64, p, p, p, i32]
+    lib.vs_bn_stats_f32.restype = None
+    lib.vs_bn_gelu_f32_fwd.argtypes = [p, i64, i64, p, p, p, p, i32]
+    lib.vs_bn_gelu_f32_fwd.restype = None
+    lib.vs_bn_gelu_f32_bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
+    lib.vs_bn_gelu_f32_bwd.restype = None
     for ln in (lib.vs_layer_norm_fwd, lib.vs_layer_norm_bf16_fwd):
         ln.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
         ln.restype = None

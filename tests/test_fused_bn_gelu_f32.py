@@ -1,0 +1,146 @@
+"""fused_bn_gelu.py's float32 path (native/batch_norm_f32_avx2.c, CPUs with AVX2 and without AVX-512): BatchNorm
+and GELU in one kernel each way, against float64 and against the modules in float32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitscope import fused_bn_gelu, fused_gelu, native
+from vitscope.models import create_model
+
+CL = torch.channels_last
+
+
+def _x(shape=(6, 32, 5, 7), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * 3 + 1).contiguous(memory_format=CL)
+
+
+def _bn(c=32, seed=1, **kw):
+    torch.manual_seed(seed)
+    bn = nn.BatchNorm2d(c, **kw)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.normal_()
+        if bn.running_mean is not None:
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+    return bn
+
+
+needs_kernel = pytest.mark.skipif(not fused_bn_gelu.fusable(_x(), _bn(), nn.GELU()),
+                                  reason="the float32 kernel runs on CPUs with AVX2 and without AVX-512 "
+                                         f"({native.why_not('avx2') or 'this CPU has AVX-512'})")
+
+
+def _run(fn, x, bn, g):
+    """fn's output, and the gradients of x, the weight and the bias for output gradient g."""
+    x = x.detach().clone().requires_grad_()
+    bn.zero_grad()
+    out = fn(x, bn)
+    out.backward(g.to(out.dtype))
+    return out.detach(), x.grad, bn.weight.grad.clone(), bn.bias.grad.clone()
+
+
+def _modules(x, bn):
+    return F.gelu(bn(x))
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(6, 32, 5, 7), (3, 8, 4, 4), (2, 128, 7, 7), (40, 16, 3, 3)])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_training_matches_float64_as_closely_as_the_modules_and_updates_the_running_statistics(shape, momentum):
+    x, g = _x(shape), _x(shape, seed=2)
+    c = shape[1]
+    ours_bn, theirs_bn = _bn(c, momentum=momentum), _bn(c, momentum=momentum)
+    ref_bn = copy.deepcopy(theirs_bn).double()
+    ours = _run(fused_bn_gelu.bn_gelu, x, ours_bn, g)
+    theirs = _run(_modules, x, theirs_bn, g)
+    ref = _run(_modules, x.double(), ref_bn, g.double())
+    for name, a, b, r in zip(("out", "x", "weight", "bias"), ours, theirs, ref):
+        scale = r.abs().max().item()
+        err, err_modules = (a.double() - r).abs().max().item() / scale, (b.double() - r).abs().max().item() / scale
+        assert a.dtype == b.dtype == torch.float32 and a.shape == r.shape, name
+        assert err <= max(2 * err_modules, 2e-6), (name, err, err_modules)
+    assert ours[0].is_contiguous(memory_format=CL) and ours[1].is_contiguous(memory_format=CL)
+    for buf in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(ours_bn, buf), getattr(theirs_bn, buf), rtol=1e-5, atol=1e-6)
+    assert ours_bn.num_batches_tracked.item() == theirs_bn.num_batches_tracked.item() == 1
+
+
+@needs_kernel
+def test_eval_mode_uses_the_running_statistics():
+    x = _x()
+    bn = _bn().eval()
+    with torch.no_grad():
+        assert fused_bn_gelu.fusable(x, bn, nn.GELU())
+        ours = fused_bn_gelu.bn_gelu(x, bn)
+        theirs = F.gelu(bn(x))
+        ref = F.gelu(copy.deepcopy(bn).double()(x.double()))
+    assert (ours.double() - ref).abs().max() <= max(2 * (theirs.double() - ref).abs().max(), 1e-6 * ref.abs().max())
+    assert bn.num_batches_tracked.item() == 0
+
+
+@needs_kernel
+def test_training_without_running_statistics_and_without_gradients():
+    x = _x()
+    bn = _bn(track_running_stats=False)
+    with torch.no_grad():
+        ours, theirs = fused_bn_gelu.bn_gelu(x, bn), F.gelu(bn(x))
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_double_backward_raises():
+    x = _x().requires_grad_()
+    (gx,) = torch.autograd.grad(fused_bn_gelu.bn_gelu(x, _bn()).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
+
+
+@needs_kernel
+@pytest.mark.parametrize("case", ["channels_first", "channels_12", "mixed", "tanh", "eval_with_grad", "one_value"])
+def test_the_modules_run_where_the_float32_kernel_does_not_apply(case):
+    x, bn, act = _x(), _bn(), nn.GELU()
+    if case == "channels_first":
+        x = x.contiguous()
+    elif case == "channels_12":
+        x, bn = _x((6, 12, 5, 7)), _bn(12)
+    elif case == "mixed":
+        bn = bn.double()
+    elif case == "tanh":
+        act = fused_gelu.GELU(approximate="tanh")
+    elif case == "eval_with_grad":
+        bn, x = bn.eval(), x.requires_grad_()
+    else:
+        x = _x((1, 32, 1, 1))
+    assert not fused_bn_gelu.fusable(x, bn, act)
+
+
+@needs_kernel
+def test_the_float32_conv_stem_fuses_each_pair_and_trains_as_the_modules_do(monkeypatch):
+    calls = []
+    fused = fused_bn_gelu.bn_gelu
+    monkeypatch.setattr(fused_bn_gelu, "bn_gelu", lambda x, bn: calls.append(x.shape[1]) or fused(x, bn))
+    torch.manual_seed(0)
+    model = create_model("vit_fmnist_quick")
+    ref_model = copy.deepcopy(model)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    assert calls == [c for c, _ in model.config.stem]  # every BatchNorm + GELU of the stem
+    shipped = fused_bn_gelu.fusable
+    monkeypatch.setattr(fused_bn_gelu, "fusable", lambda *a: False)
+    ref_loss = F.cross_entropy(ref_model(x), y)
+    ref_loss.backward()
+    monkeypatch.setattr(fused_bn_gelu, "fusable", shipped)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-4 * q.grad.abs().max().item(), msg=name)
+    for (name, b), r in zip(model.named_buffers(), ref_model.buffers()):
+        torch.testing.assert_close(b, r, rtol=1e-5, atol=1e-6, msg=name)
