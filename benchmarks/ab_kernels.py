@@ -7,8 +7,8 @@
     python benchmarks/ab_kernels.py --part gelu --inference --model vit_fmnist_quick --batch 128 --steps 16
     python benchmarks/ab_kernels.py --part bn-gelu --model vit_fmnist_quick --batch 128
     python benchmarks/ab_kernels.py --part conv-wgrad --model vit_fmnist_quick --batch 128 --optimizer muon
-    python benchmarks/ab_kernels.py --dtype float32 --part conv-wgrad --model vit_fmnist_quick --batch 128 \
-        --optimizer muon
+    python benchmarks/ab_kernels.py --dtype float32 --part conv-wgrad bn-gelu --model vit_fmnist_quick \
+        --batch 128 --optimizer muon      # several parts: B runs without all of them
     python benchmarks/ab_kernels.py --part linear --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part weight-grad --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_kernels.py --part add-norm --inference --model vit_small_patch16_224 --batch 64 --steps 2
@@ -37,8 +37,8 @@ Parts (each switched off by making its `fusable`/`usable` say no):
 - `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
   backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
   cannot run); in float32 (AVX2 CPUs) every GELU, the stem's and the MLPs', from native/gelu_f32_avx2.c;
-- `bn-gelu`: vitscope/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way (off:
-  the two modules);
+- `bn-gelu`: vitscope/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way, in float32
+  (AVX2 CPUs) from native/batch_norm_f32_avx2.c (off: the two modules);
 - `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
   weight gradients where the output is small (off: oneDNN's matmul);
 - `conv-wgrad`: vitscope/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c, in
@@ -51,7 +51,7 @@ Parts (each switched off by making its `fusable`/`usable` say no):
 - `linear-f32`: native/linear_f32_avx2.c (vitscope/linear_f32.py), the float32 path's three products (forward,
   input gradient, weight and bias gradients) on AMD CPUs without AVX-512 (off: oneDNN's linear forward and for
   the input gradient, torch.mm and a column sum for the weight and bias gradients);
-- `all`: the thirteen together.
+- `all`: the thirteen together (or name several parts).
 
 This times one model's training steps (benchmarks/_ab.py: bfloat16 autocast, or float32 with
 `--dtype float32`; forward, cross-entropy, backward, the optimizer), or with `--inference` its inference
@@ -108,7 +108,8 @@ def without(step: Callable[[], None], parts: list[str]) -> Callable[[], None]:
 def main(argv: list[str] | None = None) -> None:
     ap = ab.parser(__doc__)
     ab.add_model_sets(ap)
-    ap.add_argument("--part", choices=[*SWITCHES, "all"], default="all", help="which kernels to switch off in B")
+    ap.add_argument("--part", choices=[*SWITCHES, "all"], default=["all"], nargs="+",
+                    help="which kernels to switch off in B (several: all of them together)")
     ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
     ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
                     help="the training step's optimizer (the quick preset trains with muon)")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = ab.model_overrides(ap, args)
     if native.library() is None:
         sys.exit(f"vitscope's kernels cannot run here: {native.why_not()}")
-    parts = list(SWITCHES) if args.part == "all" else [args.part]
+    parts = list(SWITCHES) if "all" in args.part else list(dict.fromkeys(args.part))
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
     if args.inference:
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     short = "bf16" if args.dtype == "bfloat16" else "fp32"
     print(f"\n{args.model}{sets}, batch {args.batch}, {ab.step_label(args)} {what}, {args.rounds} "
           f"alternating rounds of {args.steps}; B without: {', '.join(parts)}\n")
-    print(ab.ratio_table(rates, "kernels", "without", f"{args.part} in {short} {what.split()[0]}"))
+    print(ab.ratio_table(rates, "kernels", "without", f"{' + '.join(args.part)} in {short} {what.split()[0]}"))
 
 
 if __name__ == "__main__":

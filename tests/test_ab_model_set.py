@@ -161,6 +161,24 @@ def test_kernels_ab_switches_one_part_off_with_either_optimizer():
     assert "training step (muon)" in out and "B without: conv-wgrad" in out and "kernels ÷ without" in out
 
 
+def test_float32_conv_weight_grad_ab_and_two_parts_switched_off_together():
+    from vitscope import fused_linear, linear_f32
+
+    if not (fused_linear.float32_available() and linear_f32.usable()):
+        pytest.skip("the float32 conv kernel runs on AMD CPUs with AVX2 and without AVX-512")
+    out, rows = _table("ab_conv_weight_grad.py", "--dtype", "float32", "--batch", "2", "--rounds", "1", "--steps", "1",
+                       "--reps", "1")
+    alone = [r for r in rows if r.split(" | ")[1][0].isdigit()][:4]
+    assert [r.split(" | ")[0] for r in alone] == ["| 32 → 64, 3×3 s2", "| 64 → 64, 3×3 s1", "| 64 → 128, 3×3 s2",
+                                                  "| 128 → 128, 3×3 s1"]
+    assert all(float(r.split(" | ")[-1].split(" / ")[0]) < 1e-5 for r in alone)  # near float64
+    assert "float32 training step" in out and "step time oneDNN ÷ kernel, per round:" in out
+    out, rows = _table("ab_kernels.py", "--dtype", "float32", "--part", "conv-wgrad", "bn-gelu", "--model",
+                       "vit_fmnist_quick", "--batch", "2", "--rounds", "1", "--steps", "1", "--optimizer", "muon")
+    assert rows[0] == "| conv-wgrad + bn-gelu in fp32 training | images/s per round | median |"
+    assert "B without: conv-wgrad, bn-gelu" in out
+
+
 def test_float32_ops_ab_times_each_product_and_the_gelu():
     out, rows = _table("ab_float32_ops.py", "--rows", "64", "--shapes", "32x16", "--rounds", "1", "--reps", "1")
     assert [r.split(" | ")[0] for r in rows[1:4]] == ["| forward x Wᵀ + b", "| input grad g W", "| weight grad gᵀ x"]
