@@ -96,13 +96,16 @@ def test_double_backward_raises():
 
 @needs_kernel
 def test_a_vit_trains_through_it_with_pytorchs_gradients(monkeypatch):
-    from vitscope import fused_mlp
+    from vitscope import fused_bn_gelu, fused_mlp
 
     calls = []
     kernel = fused_gelu.gelu
     monkeypatch.setattr(fused_gelu, "gelu", lambda a: calls.append(a.shape) or kernel(a))
-    # the MLPs as modules (where fused_mlp runs, fc1's product takes their GELU: tests/test_linear_f32.py)
+    # the MLPs as modules (where fused_mlp runs, fc1's product takes their GELU: tests/test_linear_f32.py), and
+    # the stem's BatchNorm and GELU apart (where fused_bn_gelu runs, one kernel takes both:
+    # tests/test_fused_bn_gelu_f32.py)
     monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)
+    monkeypatch.setattr(fused_bn_gelu, "fusable", lambda *a: False)
     torch.manual_seed(0)
     model = create_model("vit_fmnist_quick")
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
