@@ -205,9 +205,10 @@ print(ops.count("vitscope.qkv_attention.default"))
                     reason=f"kernels unavailable: {short_attention.why_not(torch.float32)}")
 @pytest.mark.parametrize("bf16", [False, True])
 def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
-    """Under torch.compile the qkv attention (and in bfloat16 the training MLP) run as vitscope's custom
-    ops, inside the graph, and a compiled training step's gradients are the eager step's (AOTAutograd
-    with eager kernels: the fake shapes, the saved tensors and the backward ops are all traced)."""
+    """Under torch.compile the qkv attention (and in bfloat16 the training MLP; in float32 on AVX2 CPUs the
+    MLP and the linear layers) run as vitscope's custom ops, inside the graph, and a compiled training step's
+    gradients are the eager step's (AOTAutograd with eager kernels: the fake shapes, the saved tensors and the
+    backward ops are all traced)."""
     import torch._dynamo as dynamo
     import torch.nn.functional as F
 
@@ -235,6 +236,11 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
         torch.compile(model, backend=seen)(x)
     assert ops.count("vitscope.qkv_attention.default") == 2  # one per block
     assert ops.count("vitscope.mlp_bf16.default") == (2 if bf16 and fused_linear.available() else 0)
+    # in float32 on the CPUs that run vitscope's float32 products, the MLPs and the other linear layers too
+    # (qkv and proj per block, and the head)
+    f32 = not bf16 and fused_linear.float32_kernels()
+    assert ops.count("vitscope.mlp_f32.default") == (2 if f32 else 0)
+    assert ops.count("vitscope.linear_f32.default") == (5 if f32 else 0)
     dynamo.reset()
     eager, compiled = grads(model), grads(torch.compile(model, backend="aot_eager"))
     dynamo.reset()

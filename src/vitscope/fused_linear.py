@@ -251,13 +251,76 @@ class _LinearWithGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])  # (M, out), M = all leading dims
-        gx = None
-        if ctx.needs_input_grad[0]:
-            gx = input_grad(g, weight).view(x.shape)  # (M, in)
-        need_b = ctx.has_bias and ctx.needs_input_grad[2]
-        gw, gb = weight_and_bias_grad(g, x.reshape(-1, x.shape[-1]), need_b, weight=ctx.needs_input_grad[1])
-        return gx, gw, gb
+        n = ctx.needs_input_grad
+        return _backward(grad, x, weight, [n[0], n[1], ctx.has_bias and n[2]])
+
+
+def _backward(grad: Tensor, x: Tensor, weight: Tensor, needs: list[bool]) -> tuple[Tensor | None, ...]:
+    """(gx, gw, gb) of x (..., in) Wᵀ + b for the output's gradient, each None where `needs` says not wanted."""
+    g = grad.reshape(-1, grad.shape[-1])  # (M, out), M = all leading dims
+    gx = input_grad(g, weight).view(x.shape) if needs[0] else None  # (M, in)
+    gw, gb = weight_and_bias_grad(g, x.reshape(-1, x.shape[-1]), needs[2], weight=needs[1])
+    return gx, gw, gb
+
+
+# The float32 linear as a torch.library custom op, which a torch.compile graph keeps whole: compiled, the
+# layers then run the float32 path's products (vitscope's AVX2 kernels, or oneDNN's linear) as eager does,
+# where Inductor would call MKL's generic matmul (see `compiled_float32`).
+@torch.library.custom_op("vitscope::linear_f32", mutates_args=(), device_types="cpu")
+def _float32_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return product(x, weight, bias)
+
+
+@_float32_op.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("vitscope::linear_f32_backward", mutates_args=(), device_types="cpu")
+def _float32_backward_op(g: Tensor, x: Tensor, weight: Tensor, needs: list[bool]) -> list[Tensor]:
+    return [x.new_empty(0) if t is None else t.contiguous() for t in _backward(g, x, weight, needs)]
+
+
+@_float32_backward_op.register_fake
+def _(g: Tensor, x: Tensor, weight: Tensor, needs: list[bool]) -> list[Tensor]:
+    return [x.new_empty(s if n else (0,)) for s, n in zip((x.shape, weight.shape, weight.shape[:1]), needs)]
+
+
+def _float32_setup_context(ctx, inputs, output) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _float32_op_backward(ctx, g: Tensor):
+    x, weight = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    needs = [n[0], n[1], ctx.has_bias and n[2]]
+    grads = _float32_backward_op(g, x, weight, needs)
+    return tuple(t if need else None for t, need in zip(grads, needs))
+
+
+_float32_op.register_autograd(_float32_op_backward, setup_context=_float32_setup_context)
+
+
+def float32_kernels() -> bool:
+    """Whether the float32 path runs vitscope's AVX2 products here (`float32_available`, AVX2 and no AVX-512):
+    asked while torch.compile traces, where `linear_f32.runnable` says no to everything."""
+    from . import native  # here: native imports this module
+
+    return float32_available() and native.has("avx2") and not native.has("avx512")
+
+
+# as native.has: Dynamo calls it while tracing and keeps the answer as a constant
+float32_kernels._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def compiled_float32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
+    """While torch.compile traces: whether `Linear` runs as the custom op `vitscope::linear_f32` (float32
+    tensors without autocast, on a CPU where `float32_kernels`; a weight (out, in) and x (..., in))."""
+    return (torch.compiler.is_compiling() and float32_inputs(x, weight, bias) and float32_kernels()
+            and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and (bias is None or bias.shape == weight.shape[:1]))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
@@ -308,7 +371,8 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 class Linear(nn.Linear):
     """`nn.Linear` that adds its bias inside oneDNN's matmul where `fusable` allows, in inference and training,
-    and runs float32 through oneDNN where `float32_fusable` says it is faster.
+    and runs float32 through vitscope's kernels or oneDNN where `float32_fusable` says they are faster (under
+    torch.compile as the custom op `vitscope::linear_f32`, where `compiled_float32` says).
 
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 
@@ -317,4 +381,6 @@ class Linear(nn.Linear):
             return linear(x, self.weight, self.bias)
         if float32_fusable(x, self.weight, self.bias):
             return linear_float32(x, self.weight, self.bias)
+        if compiled_float32(x, self.weight, self.bias):
+            return _float32_op(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

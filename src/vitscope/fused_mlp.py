@@ -18,8 +18,8 @@ before storing; the plain 28x28 ViT's training step 1.02x (ab_kernels.py --dtype
 
 It runs where `fusable` says: CPU, bfloat16 (autocast or bfloat16 tensors) with oneDNN's bfloat16 linear
 and vitscope's kernels available, or that float32 path; autograd recording, outside tracing, forward-mode
-AD and torch.func; in bfloat16 under torch.compile as the custom op `vitscope::mlp_bf16`, which the graph
-keeps. Double backward is not supported (it raises). Elsewhere vit.Mlp keeps its modules.
+AD and torch.func; under torch.compile as the custom op `vitscope::mlp_bf16` (or `vitscope::mlp_f32`), which
+the graph keeps. Double backward is not supported (it raises). Elsewhere vit.Mlp keeps its modules.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | N
     if not (fused_linear.needs_grad(x, w1, b1) or fused_linear.needs_grad(x, w2, b2)):
         return False
     if torch.compiler.is_compiling():
+        if fused_linear.float32_inputs(x, w1, b1) and fused_linear.float32_inputs(x, w2, b2):
+            return fused_linear.float32_kernels() and _float32_widths(x, w1, b1, w2, b2)
         return (_KERNEL is not None and hasattr(_KERNEL, "binary") and fused_linear.bfloat16_inputs(x, w1, b1)
                 and fused_linear.bfloat16_inputs(x, w2, b2) and native.has("avx512_bf16"))
     if x.dtype == torch.float32 and fused_linear.float32_fusable(x, w1, b1):
@@ -57,6 +59,18 @@ def _float32_fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: T
     row, hidden = x.new_empty(1, x.shape[-1]), x.new_empty(1, w1.shape[0])
     return (linear_f32.runnable(row, w1, b1) and linear_f32.runnable(hidden, w2, b2)
             and linear_f32.runnable(hidden, w1, forward=False) and linear_f32.usable(x))
+
+
+def _float32_widths(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> bool:
+    """The shapes linear_f32's kernel takes for all six products of `mlp` (as `linear_f32.runnable` checks
+    them eagerly): x (..., in), w1 (hidden, in), w2 (out, hidden), biases of hidden and out values, in,
+    hidden and out multiples of 8."""
+    hidden, inner = w1.shape if w1.dim() == 2 else (0, 0)
+    if w2.dim() != 2 or x.dim() < 2 or x.shape[-1] != inner or w2.shape[1] != hidden or x.numel() == 0:
+        return False
+    if (b1 is not None and b1.shape != (hidden,)) or (b2 is not None and b2.shape != (w2.shape[0],)):
+        return False
+    return inner > 0 and hidden > 0 and inner % 8 == 0 and hidden % 8 == 0 and w2.shape[0] % 8 == 0
 
 
 def _forward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,30 +138,29 @@ class _Mlp(torch.autograd.Function):
 
 # The same as torch.library custom ops, which a torch.compile graph keeps whole: under compile the
 # graph then runs oneDNN's fused linears, the C GELU pass and the multiply in fc2's backward as the
-# eager step does (Inductor's own lowering of this MLP measured 1.09x slower on the EPYC).
-@torch.library.custom_op("vitscope::mlp_bf16", mutates_args=(), device_types="cpu")
-def _op(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+# eager step does (Inductor's own lowering of this MLP measured 1.09x slower on the EPYC); in float32
+# (`vitscope::mlp_f32`) the float32 products with their GELU epilogues, as eager (Inductor's lowering
+# of the float32 MLP is MKL's generic matmuls and its own GELU kernels; see benchmarks/RESULTS.md,
+# "session 35").
+def _op_impl(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     y, h, d = _forward(x, w1, b1, w2, b2)
     return y.clone() if y._base is not None else y, h, d  # an op's outputs may not be views of each other
 
 
-@_op.register_fake
-def _(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    m, bf = x.numel() // x.shape[-1], torch.bfloat16
-    return (x.new_empty(*x.shape[:-1], w2.shape[0], dtype=bf), x.new_empty(m, w1.shape[0], dtype=bf),
-            x.new_empty(m, w1.shape[0], dtype=bf))
+def _op_fake(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    m = x.numel() // x.shape[-1]  # x already in the op's dtype (bfloat16 or float32)
+    return x.new_empty(*x.shape[:-1], w2.shape[0]), x.new_empty(m, w1.shape[0]), x.new_empty(m, w1.shape[0])
 
 
-@torch.library.custom_op("vitscope::mlp_bf16_backward", mutates_args=(), device_types="cpu")
-def _backward_op(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor,
-                 needs: list[bool]) -> list[Tensor]:
+def _backward_impl(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor,
+                   needs: list[bool]) -> list[Tensor]:
     return [x.new_empty(0) if t is None else t.contiguous() for t in _backward(g, x, w1, w2, h, d, needs)]
 
 
-@_backward_op.register_fake
-def _(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor, needs: list[bool]) -> list[Tensor]:
+def _backward_fake(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor,
+                   needs: list[bool]) -> list[Tensor]:
     shapes = (x.shape, w1.shape, w1.shape[:1], w2.shape, w2.shape[:1])
-    return [x.new_empty(s if n else (0,), dtype=torch.bfloat16) for s, n in zip(shapes, needs)]
+    return [x.new_empty(s if n else (0,), dtype=h.dtype) for s, n in zip(shapes, needs)]
 
 
 def _op_setup_context(ctx, inputs, output) -> None:
@@ -155,20 +168,35 @@ def _op_setup_context(ctx, inputs, output) -> None:
     _save(ctx, *inputs, h, d)
 
 
-def _op_backward(ctx, g: Tensor, _h_grad: Tensor, _d_grad: Tensor):
-    needs = _needs(ctx)
-    grads = _backward_op(g, *ctx.saved_tensors, needs)
-    return tuple(t if need else None for t, need in zip(grads, needs))
+def _custom_ops(name: str):
+    """The forward op `vitscope::{name}` and its backward op, with the autograd rule joining them."""
+    forward = torch.library.custom_op(f"vitscope::{name}", _op_impl, mutates_args=(), device_types="cpu")
+    backward = torch.library.custom_op(f"vitscope::{name}_backward", _backward_impl, mutates_args=(),
+                                       device_types="cpu")
+    forward.register_fake(_op_fake)
+    backward.register_fake(_backward_fake)
+
+    def op_backward(ctx, g: Tensor, _h_grad: Tensor, _d_grad: Tensor):
+        needs = _needs(ctx)
+        grads = backward(g, *ctx.saved_tensors, needs)
+        return tuple(t if need else None for t, need in zip(grads, needs))
+
+    forward.register_autograd(op_backward, setup_context=_op_setup_context)
+    return forward
 
 
-_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+_op = _custom_ops("mlp_bf16")
+_op_f32 = _custom_ops("mlp_f32")
 
 
 def mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> Tensor:
     """fc2(gelu(fc1(x))) in bfloat16 (or float32 on fused_linear's float32 path, float32 tensors), x (..., in)
     -> (..., out). Call it only where `fusable` says."""
     if x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
-        return _Mlp.apply(x if x.stride(-1) == 1 else x.contiguous(), w1, b1, w2, b2)
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        if torch.compiler.is_compiling():
+            return _op_f32(x.contiguous(), w1.contiguous(), b1, w2.contiguous(), b2)[0]
+        return _Mlp.apply(x, w1, b1, w2, b2)
     dt = torch.bfloat16
     x, w1, w2 = x.to(dt), w1.to(dt), w2.to(dt)
     b1 = None if b1 is None else b1.to(dt)
