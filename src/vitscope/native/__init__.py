@@ -213,18 +213,12 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_gelu_f32.restype = None
     lib.vs_gelu_f32_bwd.argtypes = [p, p, p, i64, i32]
     lib.vs_gelu_f32_bwd.restype = None
-    lib.vs_bn_stats.argtypes = [p, i64, i64, p, p, p, i32]
-    lib.vs_bn_stats.restype = None
-    lib.vs_bn_gelu_fwd.argtypes = [p, i64, i64, p, p, p, p, i32]
-    lib.vs_bn_gelu_fwd.restype = None
-    lib.vs_bn_gelu_bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
-    lib.vs_bn_gelu_bwd.restype = None
-    lib.vs_bn_stats_f32.argtypes = [p, i64, i64, p, p, p, i32]
-    lib.vs_bn_stats_f32.restype = None
-    lib.vs_bn_gelu_f32_fwd.argtypes = [p, i64, i64, p, p, p, p, i32]
-    lib.vs_bn_gelu_f32_fwd.restype = None
-    lib.vs_bn_gelu_f32_bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
-    lib.vs_bn_gelu_f32_bwd.restype = None
+    for stats, fwd, bwd in ((lib.vs_bn_stats, lib.vs_bn_gelu_fwd, lib.vs_bn_gelu_bwd),
+                            (lib.vs_bn_stats_f32, lib.vs_bn_gelu_f32_fwd, lib.vs_bn_gelu_f32_bwd)):
+        stats.argtypes = [p, i64, i64, p, p, p, i32]
+        fwd.argtypes = [p, i64, i64, p, p, p, p, i32]
+        bwd.argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, p, i32]
+        stats.restype = fwd.restype = bwd.restype = None
     for ln in (lib.vs_layer_norm_fwd, lib.vs_layer_norm_bf16_fwd):
         ln.argtypes = [p, p, p, p, p, p, i64, i64, f32, i32]
         ln.restype = None

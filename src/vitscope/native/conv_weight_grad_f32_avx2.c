@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "thread_sums_avx2.h"
+
 enum { KC = 128 };
 
 /* c[r][0 .. 16) += the sum over j < n of a[ia[j] + r] b[ib[j] + 0 .. 16), for r < R (R ≤ 6; a holds 6 rows
@@ -115,12 +117,7 @@ int vs_conv_weight_grad_f32_avx2(const float *g, const float *x, int64_t n, int6
         free(y0);
         free(ia);
 #pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t e = 0; e < o * i; e += 8) {
-            __m256 s = _mm256_loadu_ps(dw + e);
-            for (int u = 1; u < nt; u++) s = _mm256_add_ps(s, _mm256_loadu_ps(work + (int64_t)(u - 1) * o * i + e));
-            _mm256_storeu_ps(dw + e, s);
-        }
+        add_thread_sums(dw, work, o * i, nt);
     }
     return failed ? -2 : 0;
 }

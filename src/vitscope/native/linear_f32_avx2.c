@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "normal_avx2.h"
+#include "thread_sums_avx2.h"
 #include "tile_avx2.h"
 
 /* rows of x a thread's forward takes at once; the forward's reduction block; rows of g and x per weight-gradient
@@ -191,12 +192,7 @@ int vs_weight_grad_f32_avx2(const float *g, int64_t ldg, const float *x, int64_t
         }
         free(gp);
 #pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t e = 0; e < o * i; e += 8) {
-            __m256 s = _mm256_loadu_ps(dw + e);
-            for (int u = 1; u < nt; u++) s = _mm256_add_ps(s, _mm256_loadu_ps(work + (int64_t)(u - 1) * o * i + e));
-            _mm256_storeu_ps(dw + e, s);
-        }
+        add_thread_sums(dw, work, o * i, nt);
         if (db) {
 #pragma omp for schedule(static)
             for (int64_t e = 0; e < o; e++) {
