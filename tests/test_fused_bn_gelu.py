@@ -113,16 +113,17 @@ def test_double_backward_raises(dtype):
         gx.float().sum().backward()
 
 
-@pytest.mark.parametrize("case", ["float64", "channels_first", "channels_24", "tanh", "relu", "eval_with_grad",
-                                  "no_affine", "one_value"])
-def test_the_modules_run_where_the_kernel_does_not_apply(case):
-    x, bn, act = _x(), _bn(), nn.GELU()
-    if case == "float64":  # float32 has its own kernel on AVX2 CPUs: tests/test_fused_bn_gelu_f32.py
+@pytest.mark.parametrize("dtype", [BF, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("case", ["float64", "channels_first", "channels_12", "tanh", "relu", "eval_with_grad",
+                                  "no_affine", "one_value", "float64_bn"])
+def test_the_modules_run_where_the_kernel_does_not_apply(case, dtype):
+    x, bn, act = _x(dtype=dtype), _bn(), nn.GELU()
+    if case == "float64":
         x = x.double()
     elif case == "channels_first":
         x = x.contiguous()
-    elif case == "channels_24":
-        x, bn = _x((6, 24, 5, 7)), _bn(24)
+    elif case == "channels_12":  # neither a multiple of 16 (bfloat16's kernel) nor of 8 (float32's)
+        x, bn = _x((6, 12, 5, 7), dtype=dtype), _bn(12)
     elif case == "tanh":
         act = fused_gelu.GELU(approximate="tanh")
     elif case == "relu":
@@ -131,51 +132,15 @@ def test_the_modules_run_where_the_kernel_does_not_apply(case):
         bn, x = bn.eval(), x.requires_grad_()
     elif case == "no_affine":
         bn = nn.BatchNorm2d(32, affine=False)
-    else:
-        x = _x((1, 32, 1, 1))
-    assert not fused_bn_gelu.fusable(x, bn, act)
-
-
-@needs_kernel
-def test_the_conv_stem_fuses_each_pair_unless_a_hook_could_see_between(monkeypatch):
-    calls = []
-    fused = fused_bn_gelu.bn_gelu
-    monkeypatch.setattr(fused_bn_gelu, "bn_gelu", lambda x, bn: calls.append(x.shape[1]) or fused(x, bn))
-    torch.manual_seed(0)
-    model = create_model("vit_fmnist_quick")
-    x = torch.randn(4, 1, 28, 28)
-    with torch.autocast("cpu", dtype=BF):
-        model(x).float().sum().backward()
-    assert calls == [c for c, _ in model.config.stem]  # every BatchNorm + GELU of the stem
-    calls.clear()
-    seen = []
-    model.patch_embed.stem[1].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    with torch.autocast("cpu", dtype=BF):
-        model(x)
-    assert seen == [BF] and calls == [c for c, _ in model.config.stem][1:]  # the hooked BatchNorm ran alone
-
-
-@needs_f32_kernel
-@pytest.mark.parametrize("case", ["channels_first", "channels_12", "mixed", "tanh", "eval_with_grad", "one_value"])
-def test_the_modules_run_where_the_float32_kernel_does_not_apply(case):
-    x, bn, act = _x(dtype=torch.float32), _bn(), nn.GELU()
-    if case == "channels_first":
-        x = x.contiguous()
-    elif case == "channels_12":
-        x, bn = _x((6, 12, 5, 7), dtype=torch.float32), _bn(12)
-    elif case == "mixed":
+    elif case == "float64_bn":
         bn = bn.double()
-    elif case == "tanh":
-        act = fused_gelu.GELU(approximate="tanh")
-    elif case == "eval_with_grad":
-        bn, x = bn.eval(), x.requires_grad_()
     else:
-        x = _x((1, 32, 1, 1), dtype=torch.float32)
+        x = _x((1, 32, 1, 1), dtype=dtype)
     assert not fused_bn_gelu.fusable(x, bn, act)
 
 
-@needs_f32_kernel
-def test_the_float32_conv_stem_fuses_each_pair_and_trains_as_the_modules_do(monkeypatch):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_conv_stem_fuses_each_pair_unless_a_hook_could_see_between(dtype, monkeypatch):
     calls = []
     fused = fused_bn_gelu.bn_gelu
     monkeypatch.setattr(fused_bn_gelu, "bn_gelu", lambda x, bn: calls.append(x.shape[1]) or fused(x, bn))
@@ -183,16 +148,24 @@ def test_the_float32_conv_stem_fuses_each_pair_and_trains_as_the_modules_do(monk
     model = create_model("vit_fmnist_quick")
     ref_model = copy.deepcopy(model)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
-    loss = F.cross_entropy(model(x), y)
+    with torch.autocast("cpu", dtype=BF, enabled=dtype == BF):
+        loss = F.cross_entropy(model(x).float(), y)
     loss.backward()
     assert calls == [c for c, _ in model.config.stem]  # every BatchNorm + GELU of the stem
-    shipped = fused_bn_gelu.fusable
-    monkeypatch.setattr(fused_bn_gelu, "fusable", lambda *a: False)
-    ref_loss = F.cross_entropy(ref_model(x), y)
-    ref_loss.backward()
-    monkeypatch.setattr(fused_bn_gelu, "fusable", shipped)
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-4 * q.grad.abs().max().item(), msg=name)
-    for (name, b), r in zip(model.named_buffers(), ref_model.buffers()):
-        torch.testing.assert_close(b, r, rtol=1e-5, atol=1e-6, msg=name)
+    if dtype == torch.float32:  # the same step with the modules: float32's rounding apart
+        shipped = fused_bn_gelu.fusable
+        monkeypatch.setattr(fused_bn_gelu, "fusable", lambda *a: False)
+        ref_loss = F.cross_entropy(ref_model(x), y)
+        ref_loss.backward()
+        monkeypatch.setattr(fused_bn_gelu, "fusable", shipped)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-4 * q.grad.abs().max().item(), msg=name)
+        for (name, b), r in zip(model.named_buffers(), ref_model.buffers()):
+            torch.testing.assert_close(b, r, rtol=1e-5, atol=1e-6, msg=name)
+    calls.clear()
+    seen = []
+    model.patch_embed.stem[1].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.autocast("cpu", dtype=BF, enabled=dtype == BF):
+        model(x)
+    assert seen == [dtype] and calls == [c for c, _ in model.config.stem][1:]  # the hooked BatchNorm ran alone
