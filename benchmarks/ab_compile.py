@@ -7,8 +7,8 @@ the custom ops the graph keeps (`vitscope::qkv_attention`, `vitscope::mlp_bf16` 
 compiled while `native.has` answers no (through every step: Dynamo guards on it and would trace again), so
 the trace takes the explicit attention and nn.GELU's MLP and Inductor lowers them. Each compiled copy is
 traced (its first step, untimed) before the rounds start; then the three alternate round by round
-(benchmarks/_ab.py). Prints each round's images/s, the medians, and
-the per-round ratios of eager and of the kernels' graph over the graph without them.
+(benchmarks/_ab.py). Prints each round's images/s, the medians, and the per-round ratios of eager and of the
+kernels' graph over the graph without them.
 """
 
 from __future__ import annotations

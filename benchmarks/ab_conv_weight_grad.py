@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator, fused_conv, fused_linear, linear_f32, native  # noqa: E402
+from vitscope import allocator, fused_conv, fused_linear, native  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 BF, CL = torch.bfloat16, torch.channels_last
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     dt = BF if args.dtype == "bfloat16" else torch.float32
     if dt == BF and not native.has("avx512_bf16"):
         sys.exit(f"vitscope's bfloat16 kernels cannot run here: {native.why_not('avx512_bf16')}")
-    if dt == torch.float32 and not (fused_linear.float32_available() and linear_f32.usable()):
+    if dt == torch.float32 and not fused_linear.float32_kernels():
         sys.exit("vitscope's float32 conv kernel runs only on AMD CPUs with AVX2 and FMA and without AVX-512"
                  + (f" ({native.why_not('avx2')})" if native.why_not("avx2") else ""))
     allocator.keep_freed_memory()

@@ -162,9 +162,9 @@ def test_kernels_ab_switches_one_part_off_with_either_optimizer():
 
 
 def test_float32_conv_weight_grad_ab_and_two_parts_switched_off_together():
-    from vitscope import fused_linear, linear_f32
+    from vitscope import fused_linear
 
-    if not (fused_linear.float32_available() and linear_f32.usable()):
+    if not fused_linear.float32_kernels():
         pytest.skip("the float32 conv kernel runs on AMD CPUs with AVX2 and without AVX-512")
     out, rows = _table("ab_conv_weight_grad.py", "--dtype", "float32", "--batch", "2", "--rounds", "1", "--steps", "1",
                        "--reps", "1")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_conv, fused_linear, linear_f32, native
+from vitscope import fused_conv, fused_linear, native
 from vitscope.models import create_model
 
 BF = torch.bfloat16
@@ -19,7 +19,7 @@ needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),
                                   reason=f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
 
 
-needs_f32_kernel = pytest.mark.skipif(not (fused_linear.float32_available() and linear_f32.usable()),
+needs_f32_kernel = pytest.mark.skipif(not fused_linear.float32_kernels(),
                                       reason="the float32 conv kernel runs on AMD CPUs with AVX2 and without AVX-512")
 
 

@@ -13,8 +13,9 @@ vitscope's, in one of two kernels:
 - float32 (native/conv_weight_grad_f32_avx2.c, AVX2 and FMA, for the CPUs where vitscope's float32 linear
   products run: `fused_linear.float32_available`): reads each tap's channels in place through a list of
   the pixels inside the image, float32 sums. On a 2-core Zen 3 EPYC (batch 128) oneDNN's float32 weight
-  gradients of the quick preset's four 3x3 stem convs ran at 61-78 GFLOP/s, the kernel's at 92-126
-  (1.54x together; benchmarks/ab_conv_weight_grad.py --dtype float32, RESULTS.md "session 35").
+  gradients of the quick preset's four 3x3 stem convs ran at 60-104 GFLOP/s, the kernel's at 86-152
+  (1.48x together, 1.52x in another run; the step 1.04-1.08x; benchmarks/ab_conv_weight_grad.py --dtype
+  float32, RESULTS.md "session 35").
 
 `fusable` says where it runs: a plain `nn.Conv2d` (one group, no dilation, zero padding the same on
 every side, the same stride both ways, no bias) whose weight wants a gradient, outside torch.compile,
@@ -100,7 +101,6 @@ def weight_grad(g: Tensor, x: Tensor, shape: torch.Size, stride: int, pad: int) 
     if status != 0:
         raise MemoryError("vitscope's conv weight-gradient kernel could not allocate its packing buffers")
     return dw
-
 
 
 def weight_grad_f32(g: Tensor, x: Tensor, shape: torch.Size, stride: int, pad: int) -> Tensor:

@@ -251,8 +251,13 @@ class _LinearWithGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
-        n = ctx.needs_input_grad
-        return _backward(grad, x, weight, [n[0], n[1], ctx.has_bias and n[2]])
+        return _backward(grad, x, weight, _needs(ctx))
+
+
+def _needs(ctx) -> list[bool]:
+    """Which of (x, weight, bias) want a gradient."""
+    n = ctx.needs_input_grad
+    return [n[0], n[1], ctx.has_bias and n[2]]
 
 
 def _backward(grad: Tensor, x: Tensor, weight: Tensor, needs: list[bool]) -> tuple[Tensor | None, ...]:
@@ -294,8 +299,7 @@ def _float32_setup_context(ctx, inputs, output) -> None:
 
 def _float32_op_backward(ctx, g: Tensor):
     x, weight = ctx.saved_tensors
-    n = ctx.needs_input_grad
-    needs = [n[0], n[1], ctx.has_bias and n[2]]
+    needs = _needs(ctx)
     grads = _float32_backward_op(g, x, weight, needs)
     return tuple(t if need else None for t, need in zip(grads, needs))
 
@@ -319,7 +323,7 @@ def compiled_float32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> b
     """While torch.compile traces: whether `Linear` runs as the custom op `vitscope::linear_f32` (float32
     tensors without autocast, on a CPU where `float32_kernels`; a weight (out, in) and x (..., in))."""
     return (torch.compiler.is_compiling() and float32_inputs(x, weight, bias) and float32_kernels()
-            and weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
             and (bias is None or bias.shape == weight.shape[:1]))
 
 

@@ -194,9 +194,7 @@ def mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None)
     -> (..., out). Call it only where `fusable` says."""
     if x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
         x = x if x.stride(-1) == 1 else x.contiguous()
-        if torch.compiler.is_compiling():
-            return _op_f32(x.contiguous(), w1.contiguous(), b1, w2.contiguous(), b2)[0]
-        return _Mlp.apply(x, w1, b1, w2, b2)
+        return (_op_f32(x, w1, b1, w2, b2)[0] if torch.compiler.is_compiling() else _Mlp.apply(x, w1, b1, w2, b2))
     dt = torch.bfloat16
     x, w1, w2 = x.to(dt), w1.to(dt), w2.to(dt)
     b1 = None if b1 is None else b1.to(dt)
