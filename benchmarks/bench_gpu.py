@@ -242,6 +242,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, help="also write the markdown to this file")
     ap.add_argument("--impls", nargs="+", default=list(bench_vit.IMPLS), choices=bench_vit.IMPLS)
     ap.add_argument("--compile", action="store_true", help="also every training step under torch.compile")
+    ap.add_argument("--compile-only", action="store_true", help="with --compile: only the compiled rows")
+    ap.add_argument("--shapes", nargs="+", default=list(GPU_BATCH), choices=list(GPU_BATCH))
+    ap.add_argument("--no-coalesce-tiling", action="store_true",
+                    help="compile with Inductor's coalesce tiling analysis off (torch 2.11's asserts in it on "
+                         "ViT-S/16 training steps)")
     ap.add_argument("--no-attention", action="store_true", help="skip the attention tables")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -250,12 +255,21 @@ def main(argv: list[str] | None = None) -> None:
     steps = 5 if args.quick else 20
     peak = mm_peak()
     print(f"bfloat16 mm peak {peak:.0f} TFLOP/s", flush=True)
-    vit = vit_rows(["fmnist_plain", "vit_s16"], args.impls, steps, args.quick)
+    if args.no_coalesce_tiling:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.coalesce_tiling_analysis = False
+    vit = [] if args.compile and args.compile_only else vit_rows(args.shapes, args.impls, steps, args.quick)
     if args.compile:
-        vit += vit_rows(["fmnist_plain", "vit_s16"], args.impls, steps, args.quick, ("train",), compile=True)[2:]
+        compiled = vit_rows(args.shapes, args.impls, steps, args.quick, ("train",), compile=True)
+        vit = compiled if args.compile_only else vit + compiled[2:]
     att = [] if args.no_attention else attention_rows(LENGTHS[:3] if args.quick else LENGTHS, peak, steps)
-    cmd = "python benchmarks/bench_gpu.py" + "".join(
-        f" --{flag.replace('_', '-')}" for flag in ("quick", "compile", "no_attention") if getattr(args, flag))
+    flags = ("quick", "compile", "compile_only", "no_coalesce_tiling", "no_attention")
+    cmd = "python benchmarks/bench_gpu.py" + "".join(f" --{f.replace('_', '-')}" for f in flags if getattr(args, f))
+    if args.shapes != list(GPU_BATCH):
+        cmd += " --shapes " + " ".join(args.shapes)
+    if args.impls != list(bench_vit.IMPLS):
+        cmd += " --impls " + " ".join(args.impls)
     text = "\n".join([
         SECTION, "", f"Command: `{cmd}`", "", header(), f"- torch.mm peak, bfloat16 (8192³): **{peak:.0f} TFLOP/s**",
         "", "### ViT training step and inference, bfloat16 autocast", "", *vit, "",
