@@ -162,6 +162,8 @@ def vit_rows(shapes: list[str], impls: list[str], steps: int, quick: bool, modes
                     continue
                 x = torch.randn(batch, cfg.in_chans, img, img, device="cuda")
                 y = torch.randint(0, cfg.num_classes, (batch,), device="cuda")
+                if compile:  # a fresh start: no shapes from the case before, so no dynamic-shape recompiles
+                    torch._dynamo.reset()
                 net = torch.compile(model) if compile else model
                 step = make_step(net, x, y, mode == "train", fused=impl == "vitscope")
                 t0 = time.perf_counter()

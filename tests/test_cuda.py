@@ -214,6 +214,32 @@ def test_compiled_model_on_cuda_gives_the_eager_numbers():
     assert rel(got, want) < 1e-5
 
 
+def test_capture_takes_images_from_the_cpu_for_a_model_on_the_gpu():
+    from vitscope.inspect.capture import capture_attention
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", depth=2).eval()
+    x = torch.randn(3, 1, 28, 28)
+    want = capture_attention(model, x)
+    got = capture_attention(model.to(CUDA), x)
+    assert got.output.device.type == "cpu" and rel(got.output, want.output) < 1e-5
+    for name in want.names:
+        assert got[name].device.type == "cpu" and rel(got[name], want[name]) < 1e-5
+
+
+def test_compile_options_compile_a_vit_s16_training_step():
+    """torch 2.11's Inductor asserted in its coalesce tiling analysis on this step; compile_options turns it off."""
+    from vitscope.train import compile_options
+
+    torch.manual_seed(0)
+    model = create_model("vit_small_patch16_224", num_classes=10, depth=2).to(CUDA)
+    net = torch.compile(model, options=compile_options(CUDA))
+    x, y = torch.randn(8, 3, 224, 224, device=CUDA), torch.randint(0, 10, (8,), device=CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        F.cross_entropy(net(x), y).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_training_run_on_cuda_learns_and_its_checkpoint_loads_on_the_cpu(tmp_path):
     pytest.importorskip("sklearn")
     from vitscope.checkpoints import load_model
@@ -223,11 +249,12 @@ def test_training_run_on_cuda_learns_and_its_checkpoint_loads_on_the_cpu(tmp_pat
     tiny = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
             "class_token": False, "global_pool": "avg"}
     cfg = TrainConfig(model="vit_tiny_patch4_28", model_args=tiny, dataset="digits", epochs=8, batch_size=64,
-                      lr=1e-2, warmup_epochs=0.3, amp="auto", device="cuda", explain_images=0,
+                      lr=1e-2, warmup_epochs=0.3, amp="auto", device="cuda", explain_images=2,
                       augment=TrainTransform(crop="none", flip=False))
     res = train(cfg, tmp_path, progress=False)
     assert res.test_acc > 0.6  # 10 classes: chance is 0.1
-    assert (tmp_path / "summary.json").is_file() and (tmp_path / "best.safetensors").is_file()
+    for name in ("summary.json", "best.safetensors", "curves.png", "explorer.html"):  # the explorer: CPU images
+        assert (tmp_path / name).is_file(), name
     model = load_model(tmp_path / "last.safetensors")  # saved from the GPU, loaded on the CPU
     assert next(model.parameters()).device.type == "cpu"
     gpu = load_model(tmp_path / "last.safetensors", map_location=CUDA)

@@ -251,6 +251,8 @@ def capture_attention(model: nn.Module, x: Tensor, *, layers: int | str | Sequen
                       max_bytes: int | None = None, forward_kwargs: dict | None = None) -> AttentionCapture:
     """Run `model(x)` in eval mode without gradients and return every chosen layer's attention.
 
+    `x` (and any tensor in `forward_kwargs`) goes to the device the model's parameters are on, so a model
+    on a GPU takes images from the CPU; the weights come back on the CPU, and so does the output.
     Refuses up front (CaptureTooLarge) when the estimate exceeds `max_bytes`. The model's
     train/eval mode is restored afterwards.
     """
@@ -264,7 +266,10 @@ def capture_attention(model: nn.Module, x: Tensor, *, layers: int | str | Sequen
     try:
         with torch.no_grad(), capturing(model, layers=layers, max_bytes=limit) as cap:
             cap.layout = token_layout(model, x)
-            cap.output = model(x, **(forward_kwargs or {}))
+            device = next((p.device for p in model.parameters()), x.device)
+            kwargs = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in (forward_kwargs or {}).items()}
+            out = model(x.to(device), **kwargs)
+            cap.output = out.cpu() if isinstance(out, Tensor) else out
     finally:
         model.train(was_training)
     return cap

@@ -86,7 +86,8 @@ def grad_rollout(model: nn.Module, x: Tensor, target: int | Tensor | None = None
     model.eval()
     try:
         with torch.enable_grad(), capturing(model, layers=chosen, keep_grad=True) as cap:
-            logits = model(x.detach().requires_grad_(True))
+            device = next((p.device for p in model.parameters()), x.device)  # a model on a GPU takes CPU images
+            logits = model(x.detach().to(device).requires_grad_(True))
             cls = _targets(logits, target)
             score = logits.gather(1, cls[:, None]).sum()
             weights = [cap[n] for n in chosen]
