@@ -307,7 +307,7 @@ class MultiHeadAttention(nn.Module):
                              "mask; run all queries and slice the output instead")
         want = return_weights or self.capture is not None
         qkv = None
-        if self._plain_self_attention(context, mask, causal, cache, want):
+        if x.is_cpu and self._plain_self_attention(context, mask, causal, cache, want):  # the kernels: CPUs
             qkv = self.qkv(x)  # (B, N, 3·H·D)
             if short_attention.usable_qkv(qkv, self.num_heads, queries):
                 out = short_attention.attend_qkv(qkv, self.num_heads, self.scale, queries)  # (B, Nq, H·D)

@@ -381,6 +381,8 @@ class Linear(nn.Linear):
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
+        if not x.is_cpu:  # every path below but the last is for CPU tensors: asking costs a GPU's host time
+            return F.linear(x, self.weight, self.bias)
         if fusable(x, self.weight, self.bias):
             return linear(x, self.weight, self.bias)
         if float32_fusable(x, self.weight, self.bias):

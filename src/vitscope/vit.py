@@ -161,9 +161,10 @@ class Mlp(nn.Module):
                 and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
 
     def forward(self, x: Tensor) -> Tensor:
-        if self._gelu_fusable(x):
+        if x.is_cpu and self._gelu_fusable(x):  # x.is_cpu first: the kernels are for CPUs, and on a GPU the
+            #                                      checks would only cost its host time
             return self.drop2(self.fc2(fused_linear.linear(x, self.fc1.weight, self.fc1.bias, gelu=True)))
-        if self._training_fusable(x):
+        if x.is_cpu and self._training_fusable(x):
             return self.drop2(fused_mlp.mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias))
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
@@ -219,7 +220,7 @@ class Block(nn.Module):
     def _norm(self, norm: nn.Module, x: Tensor, consumer: nn.Module) -> Tensor:
         """norm(x); under bfloat16 autocast, straight to the bfloat16 that `consumer`'s linear layer would
         cast it to (vitscope/fused_layer_norm.py), where nothing hooked could see the difference."""
-        if fused_layer_norm.fusable(x, norm) and self._norm_fusable(norm, consumer):
+        if x.is_cpu and fused_layer_norm.fusable(x, norm) and self._norm_fusable(norm, consumer):
             return fused_layer_norm.layer_norm(x, norm)
         return norm(x)
 
@@ -233,7 +234,7 @@ class Block(nn.Module):
         """x + drop_path(ls(branch)); a bfloat16 branch with neither is added in one pass
         (vitscope/fused_residual.py), into x itself where `own_x` (nothing else holds x) and autograd
         records nothing."""
-        if Block._plain_residual(ls, drop_path) and fused_residual.fusable(x, branch):
+        if x.is_cpu and Block._plain_residual(ls, drop_path) and fused_residual.fusable(x, branch):
             if own_x and not _records(x, branch):
                 return fused_residual.add_(x, branch)
             return fused_residual.add(x, branch)
@@ -246,7 +247,7 @@ class Block(nn.Module):
         the residual and the norm would both run vitscope's kernels and nothing hooked could see the sum's
         float32 LayerNorm, the sum written into x itself where `own_x` and autograd records nothing; else
         None."""
-        if (Block._plain_residual(ls, drop_path) and Block._norm_fusable(norm, consumer)
+        if (x.is_cpu and Block._plain_residual(ls, drop_path) and Block._norm_fusable(norm, consumer)
                 and fused_add_norm.fusable(x, branch, norm)):
             out = x if own_x and not _records(x, branch) else None
             return fused_add_norm.add_layer_norm(x, branch, norm, out=out)
