@@ -210,3 +210,15 @@ def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():
         logits = torch.stack([model(v) for v in views] + [model(v.flip(-1)) for v in views]).mean(0)
     assert ten["acc"] == pytest.approx(float((logits.argmax(1) == y).float().mean()))
     assert ten["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-5)
+
+
+def test_compile_options_turn_off_inductors_tiling_analysis_on_a_gpu_only():
+    """torch 2.11's Inductor asserted in its coalesce tiling analysis on ViT-S/16's training step on a GPU;
+    `--compile` turns it off there (benchmarks/RESULTS.md, session 36), and this torch accepts the option."""
+    from vitscope.train import compile_options
+
+    assert compile_options(torch.device("cpu")) == {}
+    options = compile_options(torch.device("cuda"))
+    assert options in ({}, {"triton.coalesce_tiling_analysis": False})
+    f = torch.compile(lambda t: t * 2 + 1, options=options)
+    assert torch.equal(f(torch.arange(4.0)), torch.arange(4.0) * 2 + 1)
