@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import bench_vit  # noqa: E402
 from vitscope.attention import MultiHeadAttention, attend  # noqa: E402
+from vitscope.train import compile_options  # noqa: E402
 
 SECTION = "## GPU (benchmarks/bench_gpu.py)"
 GPU_BATCH = {"fmnist_plain": {"train": 1024, "infer": 4096}, "vit_s16": {"train": 128, "infer": 512}}
@@ -143,7 +144,7 @@ def module_call(mha, x, backward: bool, ours: bool):
 
 
 def vit_rows(shapes: list[str], impls: list[str], steps: int, quick: bool, modes: tuple[str, ...] = ("train", "infer"),
-             compile: bool = False) -> list[str]:
+             compile: bool = False, no_coalesce_tiling: bool = False) -> list[str]:
     rows = ["| shape | mode | compile | implementation | batch | images/s | vitscope ÷ this | TFLOP/s of model FLOPs "
             "| step MiB | first step s |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for shape in shapes:
@@ -164,7 +165,8 @@ def vit_rows(shapes: list[str], impls: list[str], steps: int, quick: bool, modes
                 y = torch.randint(0, cfg.num_classes, (batch,), device="cuda")
                 if compile:  # a fresh start: no shapes from the case before, so no dynamic-shape recompiles
                     torch._dynamo.reset()
-                net = torch.compile(model) if compile else model
+                options = compile_options(torch.device("cuda")) if no_coalesce_tiling else {}
+                net = torch.compile(model, options=options) if compile else model
                 step = make_step(net, x, y, mode == "train", fused=impl == "vitscope")
                 t0 = time.perf_counter()
                 try:
@@ -247,8 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile-only", action="store_true", help="with --compile: only the compiled rows")
     ap.add_argument("--shapes", nargs="+", default=list(GPU_BATCH), choices=list(GPU_BATCH))
     ap.add_argument("--no-coalesce-tiling", action="store_true",
-                    help="compile with Inductor's coalesce tiling analysis off (torch 2.11's asserts in it on "
-                         "ViT-S/16 training steps)")
+                    help="compile as `vitscope train --compile` does on a GPU (vitscope.train.compile_options): "
+                         "Inductor's coalesce tiling analysis off, since torch 2.11's asserts in it on ViT-S/16")
     ap.add_argument("--no-attention", action="store_true", help="skip the attention tables")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -257,13 +259,10 @@ def main(argv: list[str] | None = None) -> None:
     steps = 5 if args.quick else 20
     peak = mm_peak()
     print(f"bfloat16 mm peak {peak:.0f} TFLOP/s", flush=True)
-    if args.no_coalesce_tiling:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.triton.coalesce_tiling_analysis = False
     vit = [] if args.compile and args.compile_only else vit_rows(args.shapes, args.impls, steps, args.quick)
     if args.compile:
-        compiled = vit_rows(args.shapes, args.impls, steps, args.quick, ("train",), compile=True)
+        compiled = vit_rows(args.shapes, args.impls, steps, args.quick, ("train",), compile=True,
+                            no_coalesce_tiling=args.no_coalesce_tiling)
         vit = compiled if args.compile_only else vit + compiled[2:]
     att = [] if args.no_attention else attention_rows(LENGTHS[:3] if args.quick else LENGTHS, peak, steps)
     flags = ("quick", "compile", "compile_only", "no_coalesce_tiling", "no_attention")

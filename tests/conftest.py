@@ -76,3 +76,23 @@ def qkv_attention_against_float64(dtype: torch.dtype, queries: int | None, g_str
     if queries is not None:  # queries past the first n get no gradient
         assert x.grad.view(b, n, 3, h, d)[:, queries:, 0].abs().max() == 0
     return out, x.grad, ref, ref_x.grad
+
+
+def torch_mha_like(ours, dim: int, num_heads: int, kdim: int | None = None):
+    """torch.nn.MultiheadAttention holding vitscope MultiHeadAttention `ours`'s weights (self- or cross-)."""
+    ref = torch.nn.MultiheadAttention(dim, num_heads, batch_first=True, kdim=kdim, vdim=kdim)
+    with torch.no_grad():
+        if not ours.cross:
+            ref.in_proj_weight.copy_(ours.qkv.weight)  # rows: q, k, v, as in our fused qkv
+            ref.in_proj_bias.copy_(ours.qkv.bias)
+        elif kdim is None:
+            ref.in_proj_weight.copy_(torch.cat([ours.q.weight, ours.kv.weight]))
+            ref.in_proj_bias.copy_(torch.cat([ours.q.bias, ours.kv.bias]))
+        else:
+            ref.q_proj_weight.copy_(ours.q.weight)
+            ref.k_proj_weight.copy_(ours.kv.weight[:dim])
+            ref.v_proj_weight.copy_(ours.kv.weight[dim:])
+            ref.in_proj_bias.copy_(torch.cat([ours.q.bias, ours.kv.bias]))
+        ref.out_proj.weight.copy_(ours.proj.weight)
+        ref.out_proj.bias.copy_(ours.proj.bias)
+    return ref.eval()

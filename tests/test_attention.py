@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import vitscope.attention as attention
+from conftest import torch_mha_like
 from vitscope.attention import (
     EXPLICIT_HALF_MAX_KEYS,
     AdditiveAttention,
@@ -317,25 +318,6 @@ def test_dot_product_attention_is_softmax_xxt_x(scaled):
 
 
 # -- MultiHeadAttention vs torch.nn.MultiheadAttention ----------------------------------------------
-def _torch_mha_like(ours: MultiHeadAttention, dim: int, num_heads: int, kdim: int | None = None):
-    ref = torch.nn.MultiheadAttention(dim, num_heads, batch_first=True, kdim=kdim, vdim=kdim)
-    with torch.no_grad():
-        if not ours.cross:
-            ref.in_proj_weight.copy_(ours.qkv.weight)  # rows: q, k, v, as in our fused qkv
-            ref.in_proj_bias.copy_(ours.qkv.bias)
-        elif kdim is None:
-            ref.in_proj_weight.copy_(torch.cat([ours.q.weight, ours.kv.weight]))
-            ref.in_proj_bias.copy_(torch.cat([ours.q.bias, ours.kv.bias]))
-        else:
-            ref.q_proj_weight.copy_(ours.q.weight)
-            ref.k_proj_weight.copy_(ours.kv.weight[:dim])
-            ref.v_proj_weight.copy_(ours.kv.weight[dim:])
-            ref.in_proj_bias.copy_(torch.cat([ours.q.bias, ours.kv.bias]))
-        ref.out_proj.weight.copy_(ours.proj.weight)
-        ref.out_proj.bias.copy_(ours.proj.bias)
-    return ref.eval()
-
-
 def _randomise(module):
     # Non-trivial biases, so a swapped q/k/v slice would show.
     g = torch.Generator().manual_seed(7)
@@ -356,7 +338,7 @@ FLOAT_MASK = torch.randn(N, N, generator=torch.Generator().manual_seed(4))
 @pytest.mark.parametrize("case", ["plain", "key_padding", "bool_attn_mask", "float_attn_mask", "both"])
 def test_self_attention_matches_torch(case):
     ours = _randomise(MultiHeadAttention(DIM, HEADS))
-    ref = _torch_mha_like(ours, DIM, HEADS)
+    ref = torch_mha_like(ours, DIM, HEADS)
     x = torch.randn(B, N, DIM, generator=torch.Generator().manual_seed(0))
     kpm = PADDED if case in ("key_padding", "both") else None
     attn_mask = {"bool_attn_mask": NOT_ALLOWED, "both": NOT_ALLOWED, "float_attn_mask": FLOAT_MASK}.get(case)
@@ -378,7 +360,7 @@ def test_self_attention_matches_torch(case):
 @pytest.mark.parametrize("padded", [False, True])
 def test_cross_attention_matches_torch(context_dim, padded):
     ours = _randomise(MultiHeadAttention(DIM, HEADS, cross=True, context_dim=context_dim))
-    ref = _torch_mha_like(ours, DIM, HEADS, kdim=context_dim)
+    ref = torch_mha_like(ours, DIM, HEADS, kdim=context_dim)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(B, N, DIM, generator=g)
     ctx = torch.randn(B, M, context_dim or DIM, generator=g)
@@ -396,7 +378,7 @@ def test_cross_attention_matches_torch(context_dim, padded):
 def test_fewer_queries_match_torch_for_those_tokens(cross):
     """queries=n: the first n tokens' outputs, with every token (or the context) as keys and values."""
     ours = _randomise(MultiHeadAttention(DIM, HEADS, cross=cross))
-    ref = _torch_mha_like(ours, DIM, HEADS)
+    ref = torch_mha_like(ours, DIM, HEADS)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(B, N, DIM, generator=g)
     kv = torch.randn(B, M, DIM, generator=g) if cross else x

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import torch_mha_like
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.models import create_model
 
@@ -81,23 +82,13 @@ def test_attend_weights_and_masks_on_cuda():
     assert rel(causal, torch.softmax(s, -1) @ v.double().cpu()) < 1e-5
 
 
-def _torch_mha_like(ours: MultiHeadAttention, dim: int, heads: int) -> torch.nn.MultiheadAttention:
-    ref = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(ours.qkv.weight)
-        ref.in_proj_bias.copy_(ours.qkv.bias)
-        ref.out_proj.weight.copy_(ours.proj.weight)
-        ref.out_proj.bias.copy_(ours.proj.bias)
-    return ref
-
-
 def test_multi_head_attention_matches_torch_module_with_gradients():
     torch.manual_seed(0)
     ours = MultiHeadAttention(384, 6).to(CUDA)
     with torch.no_grad():
         for p in ours.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
-    ref = _torch_mha_like(ours, 384, 6).to(CUDA)
+    ref = torch_mha_like(ours, 384, 6).to(CUDA)
     x = torch.randn(4, 197, 384, device=CUDA)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     a = ours(xa)

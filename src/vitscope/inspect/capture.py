@@ -100,6 +100,11 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
 
 
+def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
+    """The device the model's parameters are on (its first's), else `default`: where its inputs must go."""
+    return next((p.device for p in model.parameters()), default or torch.device("cpu"))
+
+
 def select_modules(model: nn.Module, layers: int | str | Iterable[int | str] | None = None
                    ) -> list[tuple[str, MultiHeadAttention]]:
     """Choose attention modules by index (negative allowed), exact name or fnmatch pattern."""
@@ -266,7 +271,7 @@ def capture_attention(model: nn.Module, x: Tensor, *, layers: int | str | Sequen
     try:
         with torch.no_grad(), capturing(model, layers=layers, max_bytes=limit) as cap:
             cap.layout = token_layout(model, x)
-            device = next((p.device for p in model.parameters()), x.device)
+            device = model_device(model, x.device)
             kwargs = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in (forward_kwargs or {}).items()}
             out = model(x.to(device), **kwargs)
             cap.output = out.cpu() if isinstance(out, Tensor) else out

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.inspect.capture import select_modules
+from vitscope.inspect.capture import model_device, select_modules
 
 Dataset = tuple[Tensor, Tensor] | Iterable[tuple[Tensor, Tensor]]
 
@@ -33,14 +33,10 @@ def batches(dataset: Dataset, batch_size: int = 128) -> Iterator[tuple[Tensor, T
         yield from dataset
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 128) -> tuple[float, float]:
     """(mean cross-entropy loss, accuracy) of `model` on the dataset, in eval mode."""
-    dev, total, loss, correct = _device(model), 0, 0.0, 0
+    dev, total, loss, correct = model_device(model), 0, 0.0, 0
     for x, y in batches(dataset, batch_size):
         x, y = x.to(dev), y.to(dev)
         logits = model(x)
@@ -113,7 +109,7 @@ def ablation_importance(model: nn.Module, dataset: Dataset, *, layers=None, batc
         da = np.zeros_like(dl)
         for i, m in enumerate(mods):
             for h in range(m.num_heads):
-                mask = torch.ones(m.num_heads, device=_device(model))
+                mask = torch.ones(m.num_heads, device=model_device(model))
                 mask[h] = 0.0
                 m.head_mask = mask
                 loss, acc = evaluate(model, dataset, batch_size)
@@ -129,7 +125,7 @@ def gradient_importance(model: nn.Module, dataset: Dataset, *, layers=None, batc
     one?", 2019). `normalize_layers` divides each layer by its L2 norm as they suggest."""
     names = [n for n, _ in select_modules(model, layers)]
     with _masks_restored(model, layers) as mods:
-        dev = _device(model)
+        dev = model_device(model)
         masks = [torch.ones(m.num_heads, device=dev, requires_grad=True) for m in mods]
         for m, xi in zip(mods, masks):
             m.head_mask = xi
@@ -182,7 +178,7 @@ def pruning_curve(model: nn.Module, dataset: Dataset, importance: HeadImportance
         counts = sorted(set(np.linspace(0, total, steps + 1).round().astype(int).tolist()))
     removed, accs, losses = [], [], []
     with _masks_restored(model, layers) as mods:
-        dev = _device(model)
+        dev = model_device(model)
         masks = [torch.ones(m.num_heads, device=dev) for m in mods]
         for m, xi in zip(mods, masks):
             m.head_mask = xi

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitscope.inspect.capture import TokenLayout, capturing, select_modules
+from vitscope.inspect.capture import TokenLayout, capturing, model_device, select_modules
 from vitscope.inspect.stats import query_map
 
 HeadFusion = Literal["mean", "max", "min"]
@@ -86,8 +86,8 @@ def grad_rollout(model: nn.Module, x: Tensor, target: int | Tensor | None = None
     model.eval()
     try:
         with torch.enable_grad(), capturing(model, layers=chosen, keep_grad=True) as cap:
-            device = next((p.device for p in model.parameters()), x.device)  # a model on a GPU takes CPU images
-            logits = model(x.detach().to(device).requires_grad_(True))
+            # a model on a GPU takes CPU images
+            logits = model(x.detach().to(model_device(model, x.device)).requires_grad_(True))
             cls = _targets(logits, target)
             score = logits.gather(1, cls[:, None]).sum()
             weights = [cap[n] for n in chosen]
