@@ -33,43 +33,23 @@ static inline void add_wide(double *acc, const float *sums, int64_t c)
     }
 }
 
-/* mean[c] and var[c] (biased) of a's columns. work: threads x c doubles. */
-void vs_bn_stats(const uint16_t *a, int64_t rows, int64_t c, double *work, float *mean, float *var, int threads)
-{
-    const int64_t blocks = (rows + BLOCK - 1) / BLOCK;
-#pragma omp parallel num_threads(threads)
-    {
-        const unsigned csr = subnormals_off();
-        const int nt = omp_get_num_threads();
-        double *mine = work + (int64_t)omp_get_thread_num() * c;
-        float sums[MAXC];
-        for (int pass = 0; pass < 2; pass++) {
-            for (int64_t j = 0; j < c; j++) mine[j] = 0.0;
-#pragma omp for schedule(static)
-            for (int64_t b = 0; b < blocks; b++) {
-                const int64_t r1 = (b + 1) * BLOCK < rows ? (b + 1) * BLOCK : rows;
-                for (int64_t j = 0; j < c; j += 16) {
-                    const __m512 m = pass ? _mm512_loadu_ps(mean + j) : _mm512_setzero_ps();
-                    __m512 s = _mm512_setzero_ps();
-                    for (int64_t r = b * BLOCK; r < r1; r++) {
-                        const __m512 x = _mm512_sub_ps(load_bf16(a + r * c + j), m);
-                        s = pass ? _mm512_fmadd_ps(x, x, s) : _mm512_add_ps(s, x);
-                    }
-                    _mm512_storeu_ps(sums + j, s);
-                }
-                add_wide(mine, sums, c);
-            }  /* implicit barrier: every thread's sums are in */
-#pragma omp for schedule(static)
-            for (int64_t j = 0; j < c; j++) {
-                double s = 0.0;
-                for (int t = 0; t < nt; t++) s += work[(int64_t)t * c + j];
-                if (pass) var[j] = (float)(s / (double)rows);
-                else mean[j] = (float)(s / (double)rows);
-            }  /* implicit barrier: the means are in before the second pass reads them */
-        }
-        subnormals_restore(csr);
-    }
-}
+/* The statistics and the backward are batch_norm_sums.h's, over vectors of 16 bfloat16 values read as floats. */
+typedef uint16_t elem_t;
+typedef __m512 vec_t;
+enum { VW = 16 };
+#define v_load _mm512_loadu_ps
+#define v_store _mm512_storeu_ps
+#define v_in load_bf16
+#define v_out(p, v) _mm256_storeu_si256((__m256i *)(p), (__m256i)_mm512_cvtneps_pbh(v))
+#define v_zero _mm512_setzero_ps
+#define v_set1 _mm512_set1_ps
+#define v_add _mm512_add_ps
+#define v_sub _mm512_sub_ps
+#define v_mul _mm512_mul_ps
+#define v_fmadd _mm512_fmadd_ps
+#define BN_STATS vs_bn_stats
+#define BN_GELU_BWD vs_bn_gelu_bwd
+#include "batch_norm_sums.h"
 
 /* h = gelu(round(a scale + shift)) and d = gelu'(same), each (rows, c) bfloat16; d may be NULL. Blocks of
    rows (MAXC values) are normalised into a buffer first, then looked up in one flat loop: lookups
@@ -102,69 +82,6 @@ void vs_bn_gelu_fwd(const uint16_t *a, int64_t rows, int64_t c, const float *sca
                 }
             } else {
                 for (int64_t i = 0; i < n; i++) hb[i] = (uint16_t)vs_gelu_table[y[i]];
-            }
-        }
-        subnormals_restore(csr);
-    }
-}
-
-/* BatchNorm's (training mode) input gradient da (rows, c) bfloat16, and its weight and bias gradients
-   dgamma = sum dy xhat and dbeta = sum dy (c floats each), from GELU's output gradient g and derivative
-   d. work: threads x 2 x c doubles. */
-void vs_bn_gelu_bwd(const uint16_t *g, const uint16_t *d, const uint16_t *a, int64_t rows, int64_t c, const float *mean,
-                    const float *rstd, const float *gamma, double *work, float *dgamma, float *dbeta, uint16_t *da,
-                    int threads)
-{
-    const int64_t blocks = (rows + BLOCK - 1) / BLOCK;
-#pragma omp parallel num_threads(threads)
-    {
-        const unsigned csr = subnormals_off();
-        const int nt = omp_get_num_threads();
-        double *mine = work + (int64_t)omp_get_thread_num() * 2 * c;
-        float sums[2 * MAXC];
-        for (int64_t j = 0; j < 2 * c; j++) mine[j] = 0.0;
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            const int64_t r1 = (b + 1) * BLOCK < rows ? (b + 1) * BLOCK : rows;
-            for (int64_t j = 0; j < c; j += 16) {
-                const __m512 m = _mm512_loadu_ps(mean + j), rs = _mm512_loadu_ps(rstd + j);
-                __m512 sdy = _mm512_setzero_ps(), sdx = _mm512_setzero_ps();
-                for (int64_t r = b * BLOCK; r < r1; r++) {
-                    const int64_t o = r * c + j;
-                    const __m512 dy = _mm512_mul_ps(load_bf16(g + o), load_bf16(d + o));
-                    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load_bf16(a + o), m), rs);
-                    sdy = _mm512_add_ps(sdy, dy);
-                    sdx = _mm512_fmadd_ps(dy, xh, sdx);
-                }
-                _mm512_storeu_ps(sums + j, sdy);
-                _mm512_storeu_ps(sums + c + j, sdx);
-            }
-            add_wide(mine, sums, c);
-            add_wide(mine + c, sums + c, c);
-        }
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < c; j++) {
-            double sdy = 0.0, sdx = 0.0;
-            for (int t = 0; t < nt; t++) {
-                sdy += work[(int64_t)t * 2 * c + j];
-                sdx += work[(int64_t)t * 2 * c + c + j];
-            }
-            dbeta[j] = (float)sdy;
-            dgamma[j] = (float)sdx;
-        }
-        const __m512 inv_rows = _mm512_set1_ps((float)(1.0 / (double)rows));
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            for (int64_t j = 0; j < c; j += 16) {
-                const int64_t o = r * c + j;
-                const __m512 rs = _mm512_loadu_ps(rstd + j);
-                const __m512 k1 = _mm512_mul_ps(_mm512_loadu_ps(dbeta + j), inv_rows);
-                const __m512 k2 = _mm512_mul_ps(_mm512_loadu_ps(dgamma + j), inv_rows);
-                const __m512 dy = _mm512_mul_ps(load_bf16(g + o), load_bf16(d + o));
-                const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(load_bf16(a + o), _mm512_loadu_ps(mean + j)), rs);
-                const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(gamma + j), rs),
-                                               _mm512_sub_ps(_mm512_sub_ps(dy, k1), _mm512_mul_ps(xh, k2)));
-                _mm256_storeu_si256((__m256i *)(da + o), (__m256i)_mm512_cvtneps_pbh(v));
             }
         }
         subnormals_restore(csr);
