@@ -1,5 +1,6 @@
-"""vitscope's float32 attention kernel (short sequences; the AVX-512 build, else the AVX2 one, whichever runs
-here) against float64, PyTorch's kernels and torch.nn.MultiheadAttention."""
+"""vitscope's float32 attention kernel (the AVX-512 build, short sequences; else the AVX2 one, any length,
+blockwise past 256 keys or queries; whichever runs here) against float64, PyTorch's kernels and
+torch.nn.MultiheadAttention."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ SHAPES = [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 16), (15, 16, 32), (
           (64, 256, 128), (100, 255, 48), (256, 256, 16)]
 if KERNEL is not None and KERNEL.head_dim_multiple == 8:  # the AVX2 build's narrower vectors take these too
     SHAPES += [(50, 50, 8), (9, 23, 24), (197, 197, 40), (31, 130, 72)]
+ANY_LENGTH = KERNEL is not None and KERNEL.any_length
+needs_any_length = pytest.mark.skipif(not ANY_LENGTH, reason="this CPU's float32 kernel takes at most 256 keys")
+# Past 256 keys the forward carries an online softmax over key blocks; past 256 queries or keys the backward
+# runs blockwise (key blocks by query chunks), taking rowsum(g o) from the output.
+LONG_FORWARD = [(300, 300, 32), (50, 257, 64), (1, 700, 32), (17, 600, 128), (300, 513, 96), (257, 1025, 64)]
+LONG_BACKWARD = [(300, 300, 32), (50, 700, 64), (600, 40, 32), (257, 513, 64), (1, 300, 32), (513, 600, 8)]
 
 
 def _qkv(b, h, nq, nk, d, seed=0, dtype=torch.float32):
@@ -37,7 +44,8 @@ def _grads(fn, q, k, v, g):
 
 
 @needs_kernel
-@pytest.mark.parametrize("nq,nk,d", [*SHAPES, (300, 40, 32), (529, 256, 64)])
+@pytest.mark.parametrize("nq,nk,d", [*SHAPES, (300, 40, 32), (529, 256, 64),
+                                     *(pytest.param(*s, marks=needs_any_length) for s in LONG_FORWARD)])
 def test_forward_matches_float64_as_closely_as_pytorch(nq, nk, d):
     q, k, v = _qkv(2, 3, nq, nk, d)
     ref = F.scaled_dot_product_attention(*(t.double() for t in (q, k, v)))
@@ -51,7 +59,7 @@ def test_forward_matches_float64_as_closely_as_pytorch(nq, nk, d):
 
 
 @needs_kernel
-@pytest.mark.parametrize("nq,nk,d", SHAPES)
+@pytest.mark.parametrize("nq,nk,d", [*SHAPES, *(pytest.param(*s, marks=needs_any_length) for s in LONG_BACKWARD)])
 def test_gradients_match_float64_as_closely_as_pytorch(nq, nk, d):
     q, k, v = _qkv(2, 3, nq, nk, d, seed=3)
     g = torch.randn(2, 3, nq, d, generator=torch.Generator().manual_seed(4))
@@ -66,7 +74,8 @@ def test_gradients_match_float64_as_closely_as_pytorch(nq, nk, d):
 
 
 @needs_kernel
-@pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (17, 1, 64), (40, 200, 16)])
+@pytest.mark.parametrize("nq,nk,d", [(50, 50, 32), (17, 1, 64), (40, 200, 16),
+                                     pytest.param(40, 600, 32, marks=needs_any_length)])
 def test_log_sum_exp_kept_for_the_backward_matches_float64(nq, nk, d):
     q, k, v = _qkv(2, 3, nq, nk, d, seed=nq)
     q = q * torch.linspace(0.1, 4, nq).view(1, 1, nq, 1)  # sums from about nk down to about 1
@@ -88,6 +97,21 @@ def test_large_scores_give_a_one_hot_softmax():
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+@needs_any_length
+def test_many_keys_where_the_largest_score_comes_late():
+    """Each key block raises the running maximum by far more than exp2 spans: what was summed before must
+    be rescaled to nothing, not overflow or stay."""
+    q, k, v = _qkv(1, 1, 40, 900, 32, seed=5)
+    k = k * torch.linspace(1, 60, 900).view(1, 1, 900, 1)  # later keys score ever higher
+    with torch.inference_mode():
+        out = short_attention.attend(q, k, v)
+        theirs = F.scaled_dot_product_attention(q, k, v)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert torch.isfinite(out).all()
+    err, err_theirs = ((x.double() - ref).abs().max().item() for x in (out, theirs))  # scores in the hundreds
+    assert err <= 2 * err_theirs + 1e-6, (err, err_theirs)
+
+
 @needs_kernel
 def test_attend_routes_only_what_the_kernel_computes():
     q, k, v = _qkv(2, 2, 50, 50, 32)
@@ -98,10 +122,11 @@ def test_attend_routes_only_what_the_kernel_computes():
     multiple = KERNEL.head_dim_multiple  # 16 with AVX-512, 8 with AVX2
     assert short_attention.usable(*_qkv(1, 1, 8, 8, 40)) == (40 % multiple == 0)
     assert not short_attention.usable(*_qkv(1, 1, 8, 8, 36))
-    assert not short_attention.usable(*_qkv(1, 1, 8, 257, 32))  # more keys than the kernel holds
+    # past 256 keys, and 256 queries with gradients: the AVX2 build's blockwise heads, else PyTorch's kernels
+    assert short_attention.usable(*_qkv(1, 1, 8, 257, 32)) == ANY_LENGTH
     assert not short_attention.usable(*_qkv(1, 1, 8, 8, 32, dtype=torch.float64))
     long_q = _qkv(1, 1, 300, 8, 32)[0].requires_grad_()
-    assert not short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])  # the backward holds 256 queries
+    assert short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:]) == ANY_LENGTH
     with torch.no_grad():
         assert short_attention.usable(long_q, *_qkv(1, 1, 8, 8, 32)[1:])
         mask = torch.rand(2, 1, 50, 50) > 0.3
@@ -111,9 +136,11 @@ def test_attend_routes_only_what_the_kernel_computes():
 
 
 @needs_kernel
-@pytest.mark.parametrize("queries", [None, 1, 7])
-def test_attend_qkv_matches_float64_through_the_split(queries):
-    out, grad, ref, ref_grad = qkv_attention_against_float64(torch.float32, queries, g_stride=2)
+@pytest.mark.parametrize("queries,n", [(None, 50), (1, 50), (7, 50), pytest.param(None, 300, marks=needs_any_length),
+                                       pytest.param(7, 300, marks=needs_any_length)])
+def test_attend_qkv_matches_float64_through_the_split(queries, n):
+    """n = 300: the blockwise backward, taking rowsum(g o) from the output the forward saved."""
+    out, grad, ref, ref_grad = qkv_attention_against_float64(torch.float32, queries, g_stride=2, n=n)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grad.double(), ref_grad, atol=1e-5, rtol=1e-5)
 
@@ -155,6 +182,27 @@ def test_vit_training_gradients_match_pytorch_kernels(monkeypatch):
 
     ours = grads()
     monkeypatch.setattr(short_attention, "usable", lambda *a: False)
+    assert_grads_close(ours, grads(), 1e-4)
+
+
+@needs_any_length
+def test_long_sequence_vit_training_gradients_match_pytorch_kernels(monkeypatch):
+    """577 tokens (96×96, patch 4): the blockwise forward and backward inside a model's training step."""
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, img_size=96)
+    x, y = torch.randn(2, 1, 96, 96), torch.randint(0, 10, (2,))
+    calls = []
+    real = short_attention.attend_qkv
+    monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def grads():
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours = grads()
+    assert len(calls) == 2  # both blocks ran the kernels
+    monkeypatch.setattr(short_attention, "usable_qkv", lambda *a: False)
     assert_grads_close(ours, grads(), 1e-4)
 
 

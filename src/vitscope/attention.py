@@ -130,8 +130,8 @@ def attend(
     """Scaled dot-product attention. q (B, H, Nq, D), k and v (B, H, Nk, D) -> (B, H, Nq, Dv).
 
     Without `return_weights` it runs vitscope's C kernels where they apply (vitscope.short_attention:
-    CPU, float32 or bfloat16, no mask or dropout; in float32 at most 256 keys, in bfloat16 any
-    number), else PyTorch's fused kernel (except for short half-precision training sequences on CPU,
+    CPU, float32 or bfloat16, no mask or dropout; in float32 at most 256 keys where the CPU has
+    AVX-512, any number with AVX2 alone, in bfloat16 any number), else PyTorch's fused kernel (except for short half-precision training sequences on CPU,
     where the explicit path is measured to be faster); with it, the explicit softmax path, returning
     (out, weights (B, H, Nq, Nk)). A query row with no key to
     look at returns zeros. `dropout_p` is applied to the weights as given: pass 0 in eval mode.

@@ -1,5 +1,5 @@
-"""Attention on CPU in vitscope's own C kernels, forward and backward: short sequences in float32,
-any length in bfloat16.
+"""Attention on CPU in vitscope's own C kernels, forward and backward: any length in bfloat16, and in
+float32 short sequences with AVX-512, any length with AVX2 alone.
 
 At a ViT's sequence lengths PyTorch's kernels spend most of their time on per-block overhead: for the
 Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) its flash kernel reaches about 80
@@ -8,7 +8,8 @@ which is no faster; around them the callers pay re-layout copies. vitscope's ker
 head at a time and write the output straight into the (B, N, H, D) layout the projection reads:
 
 - float32 (`native/attention_f32.c`), on any CPU with AVX-512: every product one register-tiled
-  loop of broadcast-multiply-adds, the softmax in AVX-512;
+  loop of broadcast-multiply-adds, the softmax in AVX-512; on CPUs with AVX2 and FMA alone
+  (`native/attention_f32_avx2.c`) the same in 8-float vectors, and past 256 keys blockwise as below;
 - bfloat16 (`native/attention_bf16.h`), the scores and products in AMX tiles on CPUs with AMX
   (`native/short_attention.c`), else in AVX512-BF16's pair dot products (`native/attention_bf16.c`:
   AMD Zen 4 and later), on operands packed alike.
@@ -17,10 +18,10 @@ The forward keeps each query's log-sum-exp for training; the backward recomputes
 it, flash-style, and returns the three gradients.
 
 `attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
-float32 or bfloat16, no mask, no dropout; in float32 N_k <= 256 (and N_q <= 256 where gradients are
-needed), in bfloat16 any lengths (past 256, flash attention's online softmax over blocks of 256 keys
-forward, and its blockwise backward with float32 sums); head dims that are multiples of 16 (float32)
-or 32 (bfloat16) up to 128, last dims contiguous, outside tracing, forward-mode AD and torch.func.
+float32 or bfloat16, no mask, no dropout; in float32 with AVX-512 N_k <= 256 (and N_q <= 256 where
+gradients are needed), in bfloat16 and in float32 with AVX2 any lengths (past 256, flash attention's
+online softmax over blocks of 256 keys forward, and its blockwise backward with float32 sums); head dims
+that are multiples of 16 (float32 with AVX-512), 8 (float32 with AVX2) or 32 (bfloat16) up to 128, last dims contiguous, outside tracing, forward-mode AD and torch.func.
 Under torch.compile the models' path (`attend_qkv`, from the fused qkv projection) runs as the custom
 op `vitscope::qkv_attention`, which the compiled graph keeps; `attend` on separate q, k and v leaves
 compiled graphs to PyTorch's kernels. Everything else, and every machine where the kernels cannot be
@@ -58,7 +59,7 @@ class Kernel:
 
 # Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
 KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
-                           Kernel("avx2", 8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd")),
+                           Kernel("avx2", 8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd", any_length=True)),
            torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", any_length=True),
                             Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd",
                                    any_length=True))}

@@ -1,11 +1,13 @@
-/* Short-sequence attention in float32 with AVX2 and FMA, forward and backward: attention_f32.c for CPUs
-   without AVX-512 (AMD before Zen 4, Intel's desktop and laptop parts).
+/* Attention in float32 with AVX2 and FMA, forward and backward: attention_f32.c for CPUs without AVX-512 (AMD
+   before Zen 4, Intel's desktop and laptop parts), and past its 256 keys.
 
-   The same algorithm and conventions as attention_f32.c (one (batch, head) at a time, N_k <= 256 keys, a
-   head's scores in L1/L2, every product a register-tiled loop of broadcast-multiply-adds, q, k, v read and
-   the outputs written at the caller's strides, lse kept in the log2 domain), with 8-float vectors: head dims
-   that are multiples of 8 up to 128, tiles of up to 6 rows x 16 columns (12 accumulators, 2 vectors of b
-   and a broadcast in the 16 registers), masks as blend vectors. */
+   The same algorithm and conventions as attention_f32.c (one (batch, head) at a time, a head's scores in
+   L1/L2, every product a register-tiled loop of broadcast-multiply-adds, q, k, v read and the outputs
+   written at the caller's strides, lse kept in the log2 domain), with 8-float vectors: head dims that are
+   multiples of 8 up to 128, tiles of up to 6 rows x 16 columns (12 accumulators, 2 vectors of b and a
+   broadcast in the 16 registers), masks as blend vectors. Past MAXK keys (or queries, for the backward)
+   the heads run blockwise, as attention_bf16.h's long kernels: the forward's online softmax over key
+   blocks, and a backward over key blocks and query chunks that takes delta = rowsum(g o) from the caller. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -20,16 +22,18 @@
 #define MAXD 128
 #define QBLOCK 32 /* queries whose scores the forward holds at a time */
 
-/* c (m rows, 8 nvec cols, row stride sc) = A B, A's element (r, kk) at a[r sar + kk sak], B's row kk at
-   b + kk sb, the sum over kk < kn. Columns in groups of up to two vectors, each group's rows in tiles. */
+/* c (m rows, 8 nvec cols, row stride sc) = A B, or c + A B with `add`; A's element (r, kk) at a[r sar + kk sak],
+   B's row kk at b + kk sb, the sum over kk < kn. Columns in groups of up to two vectors, each group's rows in
+   tiles. */
 static void gemm(int m, int nvec, int kn, const float *a, int64_t sar, int64_t sak, const float *b, int64_t sb,
-                 float *c, int64_t sc)
+                 float *c, int64_t sc, int add)
 {
     for (int v0 = 0; v0 < nvec; v0 += 2) {
         const int nv = nvec - v0 < 2 ? nvec - v0 : 2, rmax = rows_for(nv);
         for (int r0 = 0; r0 < m; r0 += rmax) {
             const int r = m - r0 < rmax ? m - r0 : rmax;
-            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b + v0 * 8, sb, c + r0 * sc + v0 * 8, sc, NULL, 0);
+            float *cr = c + r0 * sc + v0 * 8;
+            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b + v0 * 8, sb, cr, sc, add ? cr : NULL, sc);
         }
     }
 }
@@ -59,11 +63,12 @@ typedef struct {
     float kt[MAXD * MAXK], vt[MAXD * MAXK]; /* k and v transposed, keys padded to 8 (forward: vt holds v packed) */
     float kc[MAXK * MAXD], qc[MAXK * MAXD], gc[MAXK * MAXD]; /* the backward's k, q and g packed */
     float s[MAXK * MAXK], dp[MAXK * MAXK];  /* scores / weights; their gradients */
-    float mx[QBLOCK], sum[QBLOCK];          /* the forward's row maxima and sums of weights */
+    float mx[MAXK], sum[MAXK];              /* the forward's row maxima and sums of weights */
+    float acc[MAXK * MAXD];                 /* the long forward's unnormalised outputs */
 } scratch_t;
 
 /* o = softmax(scale q k^T) v for one (batch, head); with lse, each query's log2-sum-exp2 (c = scale log2 e). */
-static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+static void head_forward_short(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
                          float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
 {
     const int njv = (nk + 7) / 8, lk = njv * 8;
@@ -74,7 +79,7 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
     for (int i0 = 0; i0 < nq; i0 += QBLOCK) {
         const int rows = nq - i0 < QBLOCK ? nq - i0 : QBLOCK;
         float *s = w->s;
-        gemm(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, lk, s, lk);  /* scores, rows x lk */
+        gemm(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, lk, s, lk, 0);  /* scores, rows x lk */
         for (int r = 0; r < rows; r++) {  /* unnormalised weights exp2(c s - c max s); o is scaled after P v */
             float *sr = s + (int64_t)r * lk;
             __m256 m = ninf;
@@ -104,7 +109,7 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
                 memcpy(lse + i0 + r0, buf, sizeof(float) * (size_t)n);
             }
         float *ob = o + (int64_t)i0 * so;
-        gemm(rows, d / 8, nk, s, lk, 1, w->vt, d, ob, so);  /* o = P v, then each row over its sum */
+        gemm(rows, d / 8, nk, s, lk, 1, w->vt, d, ob, so, 0);  /* o = P v, then each row over its sum */
         for (int r = 0; r < rows; r++) {
             const __m256 inv = _mm256_set1_ps(1.0f / w->sum[r]);
             for (int dd = 0; dd < d; dd += 8)
@@ -113,10 +118,80 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
     }
 }
 
+/* head_forward_short for more than MAXK keys: flash attention's online softmax over blocks of MAXK keys,
+   as attention_bf16.h's head_forward_long. For each chunk of up to MAXK queries, each query's running
+   maximum and sum of weights and its unnormalised output (w->acc, rows of d floats) are carried from key
+   block to key block: a block's weights are taken against the maximum so far, and what was accumulated
+   is rescaled by exp2(old max - new max) where the maximum grows. A block's keys (transposed) and values
+   (packed) are laid out once per chunk; its scores are taken QBLOCK queries at a time, as the short
+   forward's. */
+static void head_forward_long(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+                              float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+{
+    const __m256 cs = _mm256_set1_ps(c), ninf = _mm256_set1_ps(-INFINITY);
+    touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
+    for (int c0 = 0; c0 < nq; c0 += MAXK) {
+        const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
+        for (int r = 0; r < cn; r++) {
+            w->mx[r] = -INFINITY;
+            w->sum[r] = 0.0f;
+        }
+        for (int j0 = 0; j0 < nk; j0 += MAXK) {
+            const int kn = nk - j0 < MAXK ? nk - j0 : MAXK, njv = (kn + 7) / 8, lk = njv * 8;
+            transpose_pad(k + (int64_t)j0 * sk, sk, kn, d, lk, w->kt);
+            pack_rows(v + (int64_t)j0 * sv, sv, kn, d, w->vt);
+            for (int i0 = 0; i0 < cn; i0 += QBLOCK) {
+                const int rows = cn - i0 < QBLOCK ? cn - i0 : QBLOCK;
+                float *s = w->s, *acc = w->acc + (int64_t)i0 * d;
+                gemm(rows, njv, d, q + (int64_t)(c0 + i0) * sq, sq, 1, w->kt, lk, s, lk, 0);  /* scores */
+                for (int r = 0; r < rows; r++) {
+                    float *sr = s + (int64_t)r * lk;
+                    __m256 m = ninf;
+                    touch_step();
+                    for (int jv = 0; jv < njv; jv++)
+                        m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sr + jv * 8), lanes8(kn - jv * 8)));
+                    const float old = w->mx[i0 + r], block = c * hmax8(m), mx = old > block ? old : block;
+                    const __m256 mxv = _mm256_set1_ps(mx);
+                    __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                    for (int jv = 0; jv < njv; jv++) {
+                        const __m256 e = _mm256_and_ps(lanes8(kn - jv * 8),
+                                                       exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(sr + jv * 8), cs, mxv)));
+                        _mm256_storeu_ps(sr + jv * 8, e);
+                        sum[jv & 1] = _mm256_add_ps(sum[jv & 1], e);
+                    }
+                    const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
+                    w->sum[i0 + r] = w->sum[i0 + r] * alpha + hsum8(_mm256_add_ps(sum[0], sum[1]));
+                    w->mx[i0 + r] = mx;
+                    if (j0 && alpha != 1.0f) {
+                        const __m256 av = _mm256_set1_ps(alpha);
+                        for (int dd = 0; dd < d; dd += 8)
+                            _mm256_storeu_ps(acc + r * d + dd, _mm256_mul_ps(_mm256_loadu_ps(acc + r * d + dd), av));
+                    }
+                }
+                gemm(rows, d / 8, kn, s, lk, 1, w->vt, d, acc, d, j0 > 0);  /* acc = acc alpha + P v */
+            }
+        }
+        for (int r = 0; r < cn; r++) {
+            const __m256 inv = _mm256_set1_ps(1.0f / w->sum[r]);
+            float *orow = o + (int64_t)(c0 + r) * so;
+            for (int dd = 0; dd < d; dd += 8)
+                _mm256_storeu_ps(orow + dd, _mm256_mul_ps(_mm256_loadu_ps(w->acc + (int64_t)r * d + dd), inv));
+            if (lse) lse[c0 + r] = w->mx[r] + log2f(w->sum[r]);
+        }
+    }
+}
+
+/* o = softmax(scale q k^T) v for one (batch, head), any number of keys. */
+static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+{
+    (nk > MAXK ? head_forward_long : head_forward_short)(q, sq, k, sk, v, sv, o, so, lse, nq, nk, d, c, w);
+}
+
 /* The gradients of one (batch, head) from its output's gradient g (nq, d), as attention_f32.c: with
    P = exp2(c s - lse) recomputed, dv = P^T g, dP = g v^T, dS = scale P (dP - delta), delta = rowsum(P dP),
    dq = dS k, dk = dS^T q. */
-static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+static void head_backward_short(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
                           const float *g, int64_t sg, const float *lse, const float *delta, float *dq, int64_t sdq,
                           float *dk, int64_t sdk, float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale,
                           scratch_t *w, float *floats)
@@ -127,8 +202,8 @@ static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk
     const __m256 cs = _mm256_set1_ps(c), sc = _mm256_set1_ps(scale);
     transpose_pad(k, sk, nk, d, lk, w->kt);
     transpose_pad(v, sv, nk, d, lk, w->vt);
-    gemm(nq, njv, d, q, sq, 1, w->kt, lk, p, lk);   /* scores */
-    gemm(nq, njv, d, g, sg, 1, w->vt, lk, dp, lk);  /* dP = g v^T */
+    gemm(nq, njv, d, q, sq, 1, w->kt, lk, p, lk, 0);   /* scores */
+    gemm(nq, njv, d, g, sg, 1, w->vt, lk, dp, lk, 0);  /* dP = g v^T */
     touch_plan(nq);
     for (int i = 0; i < nq; i++) {
         float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
@@ -149,9 +224,68 @@ static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk
     pack_rows(k, sk, nk, d, w->kc);
     pack_rows(g, sg, nq, d, w->gc);
     pack_rows(q, sq, nq, d, w->qc);
-    gemm(nq, nd, nk, dp, lk, 1, w->kc, d, dq, sdq);  /* dq = dS k */
-    gemm(nk, nd, nq, p, 1, lk, w->gc, d, dv, sdv);   /* dv = P^T g */
-    gemm(nk, nd, nq, dp, 1, lk, w->qc, d, dk, sdk);  /* dk = dS^T q */
+    gemm(nq, nd, nk, dp, lk, 1, w->kc, d, dq, sdq, 0);  /* dq = dS k */
+    gemm(nk, nd, nq, p, 1, lk, w->gc, d, dv, sdv, 0);   /* dv = P^T g */
+    gemm(nk, nd, nq, dp, 1, lk, w->qc, d, dk, sdk, 0);  /* dk = dS^T q */
+}
+
+/* The backward for more than MAXK queries or keys, flash attention's way (attention_bf16.h's
+   head_backward_long): for each block of up to MAXK keys and each chunk of up to MAXK queries, P is
+   recomputed from lse and dS = scale P (dP - delta), with delta = rowsum(g o) from the caller; the
+   products are the short backward's on the block and chunk, each summed straight into the outputs (dq
+   over key blocks, dk and dv over query chunks). */
+static void head_backward_long(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+                               const float *g, int64_t sg, const float *lse, const float *delta, float *dq,
+                               int64_t sdq, float *dk, int64_t sdk, float *dv, int64_t sdv, int nq, int nk, int d,
+                               float c, float scale, scratch_t *w)
+{
+    const int nd = d / 8;
+    float *p = w->s, *dp = w->dp;
+    const __m256 cs = _mm256_set1_ps(c), sc = _mm256_set1_ps(scale);
+    touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
+    for (int j0 = 0; j0 < nk; j0 += MAXK) {
+        const int kn = nk - j0 < MAXK ? nk - j0 : MAXK, njv = (kn + 7) / 8, lk = njv * 8;
+        const float *kb = k + (int64_t)j0 * sk;
+        transpose_pad(kb, sk, kn, d, lk, w->kt);
+        transpose_pad(v + (int64_t)j0 * sv, sv, kn, d, lk, w->vt);
+        pack_rows(kb, sk, kn, d, w->kc);
+        for (int c0 = 0; c0 < nq; c0 += MAXK) {
+            const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
+            const float *qc = q + (int64_t)c0 * sq, *gc = g + (int64_t)c0 * sg;
+            gemm(cn, njv, d, qc, sq, 1, w->kt, lk, p, lk, 0);   /* scores */
+            gemm(cn, njv, d, gc, sg, 1, w->vt, lk, dp, lk, 0);  /* dP = g v^T */
+            for (int i = 0; i < cn; i++) {
+                float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
+                touch_step();
+                const __m256 l = _mm256_set1_ps(lse[c0 + i]), dl = _mm256_set1_ps(delta[c0 + i]);
+                for (int jv = 0; jv < njv; jv++) {
+                    const __m256 pv = _mm256_and_ps(lanes8(kn - jv * 8),
+                                                    exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(pr + jv * 8), cs, l)));
+                    _mm256_storeu_ps(pr + jv * 8, pv);
+                    _mm256_storeu_ps(dpr + jv * 8, _mm256_mul_ps(_mm256_mul_ps(pv, _mm256_sub_ps(_mm256_loadu_ps(dpr + jv * 8), dl)), sc));
+                }
+            }
+            pack_rows(gc, sg, cn, d, w->gc);
+            pack_rows(qc, sq, cn, d, w->qc);
+            gemm(cn, nd, kn, dp, lk, 1, w->kc, d, dq + (int64_t)c0 * sdq, sdq, j0 > 0);  /* dq += dS k */
+            gemm(kn, nd, cn, p, 1, lk, w->gc, d, dv + (int64_t)j0 * sdv, sdv, c0 > 0);   /* dv += P^T g */
+            gemm(kn, nd, cn, dp, 1, lk, w->qc, d, dk + (int64_t)j0 * sdk, sdk, c0 > 0);  /* dk += dS^T q */
+        }
+    }
+}
+
+/* The gradients of one (batch, head), any number of queries and keys; past MAXK of either the caller
+   gives delta (each query's rowsum(g o)), which the short backward takes from the recomputed weights. */
+static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
+                          const float *g, int64_t sg, const float *lse, const float *delta, float *dq, int64_t sdq,
+                          float *dk, int64_t sdk, float *dv, int64_t sdv, int nq, int nk, int d, float c, float scale,
+                          scratch_t *w, float *floats)
+{
+    if (nq > MAXK || nk > MAXK)
+        head_backward_long(q, sq, k, sk, v, sv, g, sg, lse, delta, dq, sdq, dk, sdk, dv, sdv, nq, nk, d, c, scale, w);
+    else
+        head_backward_short(q, sq, k, sk, v, sv, g, sg, lse, delta, dq, sdq, dk, sdk, dv, sdv, nq, nk, d, c, scale, w,
+                            floats);
 }
 
 static inline void products_on(void) {}
@@ -161,23 +295,26 @@ static inline void products_off(void) {}
 #define DIM_MULTIPLE 8
 #include "attention_driver.h"
 
-/* As vs_attention_f32_fwd, with AVX2: head dims multiples of 8 up to 128, at most 256 keys, any number of
-   queries. Returns 0, -1 for a shape outside these, -2 when out of memory. */
+/* As vs_attention_f32_fwd, with AVX2: head dims multiples of 8 up to 128, any number of queries and keys
+   (past 256 keys, the online softmax over key blocks). Returns 0, -1 for a shape outside these, -2 when out
+   of memory. */
 int vs_attention_f32_avx2_fwd(const float *q, const float *k, const float *v, float *o, float *lse, int64_t b,
                               int64_t h, int64_t nq, int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, MAXK)) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
     const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, NULL, st, h, nq, nk, d, scale * 1.4426950408889634f,
                      scale, 0};
     return each_head(&j, b, threads, forward_head);
 }
 
-/* As vs_attention_f32_bwd, with AVX2; Nq <= 256, delta unused (pass NULL). */
+/* As vs_attention_f32_bwd, with AVX2, any Nq and Nk; delta: NULL, or (B, H, Nq) float32, contiguous, each
+   query's rowsum(g o), which past 256 queries or keys the blockwise backward needs (shorter sequences
+   compute it from the recomputed weights, more closely, and ignore it). */
 int vs_attention_f32_avx2_bwd(const float *q, const float *k, const float *v, const float *g, const float *lse,
                               const float *delta, float *dq, float *dk, float *dv, int64_t b, int64_t h, int64_t nq,
                               int64_t nk, int64_t d, const int64_t *st, float scale, int threads)
 {
-    if (!shape_ok(b, h, nq, nk, d, threads, MAXK, MAXK)) return -1;
+    if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX) || ((nq > MAXK || nk > MAXK) && !delta)) return -1;
     const job_t j = {{q, k, v, g}, {dq, dk, dv}, (float *)lse, delta, st, h, nq, nk, d, scale * 1.4426950408889634f,
                      scale, 0};
     return each_head(&j, b, threads, backward_head);
