@@ -12,9 +12,10 @@ library or the other. Everything else (the Python side, the model, the batch) is
 so the C functions' signatures must be the same in both. Separate processes would not do here: this
 host's speed drifts by 10-20% over minutes, more than most kernel changes are worth.
 
-`--attention B N H D` times the bfloat16 attention kernels alone instead, as a ViT's layer calls them
-(vitscope.short_attention on one fused qkv projection's output, (B, N, 3·H·D)): the forward with its
-log-sum-exps, and the backward, each in milliseconds per call, alternating between the two builds.
+`--attention B N H D` times the attention kernels alone instead (bfloat16, or float32 with `--dtype
+float32`), as a ViT's layer calls them (vitscope.short_attention on one fused qkv projection's output,
+(B, N, 3·H·D)): the forward with its log-sum-exps, and the backward, each in milliseconds per call,
+alternating between the two builds.
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ def attention(args, ours, theirs) -> None:
     b, n, h, d = args.attention
     allocator.keep_freed_memory()  # as in the training steps: no page faults for each call's outputs
     torch.manual_seed(0)
-    qkv = torch.randn(b, n, 3 * h * d).to(torch.bfloat16)  # (B, N, 3·H·D), as the fused projection writes it
+    dtype = getattr(torch, args.dtype)
+    qkv = torch.randn(b, n, 3 * h * d).to(dtype)  # (B, N, 3·H·D), as the fused projection writes it
     scale = d ** -0.5
     out, lse = short_attention._qkv_forward(qkv, h, scale, -1, True)  # the working tree's build
     g = torch.randn_like(out)
+    saved = out if n > short_attention.MAX_KEYS else out.new_empty(0)  # the blockwise backward reads rowsum(g o)
     parts = {"forward": lambda: short_attention._qkv_forward(qkv, h, scale, -1, True),
-             "backward": lambda: short_attention._qkv_backward(g, qkv, lse, out.new_empty(0), h, scale, -1)}
+             "backward": lambda: short_attention._qkv_backward(g, qkv, lse, saved, h, scale, -1)}
     times = {(part, name): [] for part in parts for name in ("working tree", args.ref)}
     for fn in parts.values():
         for lib in (ours, theirs):
@@ -119,7 +122,7 @@ def attention(args, ours, theirs) -> None:
             for name, lib in (("working tree", ours), (args.ref, theirs)):
                 times[(part, name)].append(ab.ms_per_call(using(fn, lib), args.steps))
     print(ab.machine_header())
-    print(f"\nbfloat16 attention, B = {b}, N = {n}, H = {h}, D = {d} (one layer's heads), {args.rounds} "
+    print(f"\n{args.dtype} attention, B = {b}, N = {n}, H = {h}, D = {d} (one layer's heads), {args.rounds} "
           f"alternating rounds of {args.steps} calls\n")
     print(f"| part | working tree ms | {args.ref} ms | {args.ref} ÷ working tree |\n|---|---:|---:|---:|")
     for part in parts:
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ref", default="HEAD", help="the commit whose kernels are B (default HEAD)")
     ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
     ap.add_argument("--attention", type=int, nargs=4, metavar=("B", "N", "H", "D"),
-                    help="time the bfloat16 attention kernels alone on a (B, N, 3·H·D) qkv instead of a model")
+                    help="time the attention kernels alone (in --dtype) on a (B, N, 3·H·D) qkv instead of a model")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     ours = native.library()

@@ -48,18 +48,28 @@ class Kernel:
     """One build of the kernels: the instruction set it needs, the head-dim multiple it takes, its
     forward and backward functions in the native library, and whether they take any number of
     queries and keys (past MAX_KEYS, flash attention's online softmax over key blocks forward and its
-    blockwise backward) or at most MAX_KEYS keys (and MAX_KEYS queries where gradients are needed)."""
+    blockwise backward) or at most MAX_KEYS keys (and MAX_KEYS queries where gradients are needed), and
+    past how many keys an inference forward is left to PyTorch's kernel, where that was measured faster."""
 
     isa: str
     head_dim_multiple: int
     forward: str
     backward: str
     any_length: bool = False
+    inference_max_keys: int | None = None  # past this many keys, forwards without gradients go to PyTorch
 
+
+# From 768 keys on, PyTorch's float32 flash kernel takes 256 queries by 512 keys a block in MKL's products,
+# and its forward ran 1.06-1.15x as fast as the AVX2 kernel's on a Zen 3 EPYC (N = 769-2049, 6 heads of
+# 64, 2 threads), where below 768 keys the kernel's ran 1.01-1.12x as fast as PyTorch's; with the
+# backward, the kernel's training pass stayed ahead at every length measured (1.03-1.15x, N = 257-4097).
+# So inference forwards past 768 keys run PyTorch's kernel there.
+AVX2_FLOAT32_INFERENCE_MAX_KEYS = 768
 
 # Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
 KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
-                           Kernel("avx2", 8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd", any_length=True)),
+                           Kernel("avx2", 8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd", any_length=True,
+                  inference_max_keys=AVX2_FLOAT32_INFERENCE_MAX_KEYS)),
            torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", any_length=True),
                             Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd",
                                    any_length=True))}
@@ -98,6 +108,8 @@ def _fits(q: Tensor, k: Tensor, v: Tensor) -> Kernel | None:
     if not (1 <= nk and d % kernel.head_dim_multiple == 0 and d <= MAX_HEAD_DIM):
         return None
     if not kernel.any_length and (nk > MAX_KEYS or (nq > MAX_KEYS and _wants_grad(q, k, v))):
+        return None
+    if kernel.inference_max_keys is not None and nk > kernel.inference_max_keys and not _wants_grad(q, k, v):
         return None
     return kernel
 
