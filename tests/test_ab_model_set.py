@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from vitscope import short_attention
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_model_set.py"
 
 
@@ -222,6 +224,16 @@ def test_dpbf16_peak_compiles_and_prints_both_rates(tmp_path):
     out = subprocess.run([str(exe), "2"], capture_output=True, text=True, timeout=60, check=True).stdout
     one, two = (float(v) for v in re.findall(r"(\d+) GFLOP/s", out))
     assert out.startswith("vdpbf16ps peak: 1 thread") and one > 0 and two > 0
+
+
+@pytest.mark.skipif(short_attention.kernel_for(torch.float32) is None, reason="no float32 attention kernel here")
+def test_long_attention_ab_prints_both_passes_per_length():
+    lengths = ["65", "300"] if short_attention.kernel_for(torch.float32).any_length else ["65"]
+    out, rows = _table("ab_long_attention.py", "--n", *lengths, "--rounds", "1", "--heads", "2", "--head-dim", "32")
+    assert rows[0].startswith("| N | B | pass | vitscope ms |")
+    assert [r.split(" | ")[:3] for r in rows[1:]] == [[f"| {n}", b, p] for n, b in zip(lengths, ("63", "14"))
+                                                       for p in ("fwd", "fwd+bwd")]
+    assert all(float(r.split(" | ")[7].strip("*")) > 0 for r in rows[1:])
 
 
 def test_softmax_bound_prints_a_row_per_dtype():

@@ -131,10 +131,10 @@ def attend(
 
     Without `return_weights` it runs vitscope's C kernels where they apply (vitscope.short_attention:
     CPU, float32 or bfloat16, no mask or dropout; in float32 at most 256 keys where the CPU has
-    AVX-512, any number with AVX2 alone, in bfloat16 any number), else PyTorch's fused kernel (except for short half-precision training sequences on CPU,
-    where the explicit path is measured to be faster); with it, the explicit softmax path, returning
-    (out, weights (B, H, Nq, Nk)). A query row with no key to
-    look at returns zeros. `dropout_p` is applied to the weights as given: pass 0 in eval mode.
+    AVX-512, any number with AVX2 alone, in bfloat16 any number), else PyTorch's fused kernel (except
+    for short half-precision training sequences on CPU, where the explicit path is measured to be
+    faster); with it, the explicit softmax path, returning (out, weights (B, H, Nq, Nk)). A query row
+    with no key to look at returns zeros. `dropout_p` is applied to the weights as given: pass 0 in eval mode.
     """
     nq, nk = q.shape[-2], k.shape[-2]
     fused = _use_fused(q, k, v, return_weights)

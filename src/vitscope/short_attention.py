@@ -20,8 +20,10 @@ it, flash-style, and returns the three gradients.
 `attend` runs them where they give what F.scaled_dot_product_attention would: CPU tensors in
 float32 or bfloat16, no mask, no dropout; in float32 with AVX-512 N_k <= 256 (and N_q <= 256 where
 gradients are needed), in bfloat16 and in float32 with AVX2 any lengths (past 256, flash attention's
-online softmax over blocks of 256 keys forward, and its blockwise backward with float32 sums); head dims
-that are multiples of 16 (float32 with AVX-512), 8 (float32 with AVX2) or 32 (bfloat16) up to 128, last dims contiguous, outside tracing, forward-mode AD and torch.func.
+online softmax over blocks of 256 keys forward, and its blockwise backward with float32 sums; with AVX2,
+inference past 768 keys stays PyTorch's); head dims that are multiples of 16 (float32 with AVX-512), 8
+(float32 with AVX2) or 32 (bfloat16) up to 128, last dims contiguous, outside tracing, forward-mode AD and
+torch.func.
 Under torch.compile the models' path (`attend_qkv`, from the fused qkv projection) runs as the custom
 op `vitscope::qkv_attention`, which the compiled graph keeps; `attend` on separate q, k and v leaves
 compiled graphs to PyTorch's kernels. Everything else, and every machine where the kernels cannot be
