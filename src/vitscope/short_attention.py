@@ -62,9 +62,9 @@ class Kernel:
 
 
 # From 768 keys on, PyTorch's float32 flash kernel takes 256 queries by 512 keys a block in MKL's products,
-# and its forward ran 1.06-1.15x as fast as the AVX2 kernel's on a Zen 3 EPYC (N = 769-2049, 6 heads of
-# 64, 2 threads), where below 768 keys the kernel's ran 1.01-1.12x as fast as PyTorch's; with the
-# backward, the kernel's training pass stayed ahead at every length measured (1.03-1.15x, N = 257-4097).
+# and its forward ran 1.06-1.15x as fast as the AVX2 kernel's on a Zen 3 EPYC (N = 769-4097, 6 heads of
+# 64, 2 threads), where below 768 keys the two were within 0.96-1.12x; forward with backward, the kernel
+# ran 1.00-1.07x PyTorch's at every length measured (N = 257-4097; benchmarks/ab_long_attention.py).
 # So inference forwards past 768 keys run PyTorch's kernel there.
 AVX2_FLOAT32_INFERENCE_MAX_KEYS = 768
 
