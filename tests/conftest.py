@@ -47,6 +47,35 @@ def assert_grads_close(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Te
         assert (ours[name] - theirs[name]).abs().max().item() / scale < tol, name
 
 
+def long_vit_grads_against_pytorch(monkeypatch, dtype: torch.dtype, tol: float) -> None:
+    """577 tokens (96×96, patch 4): a two-block ViT's gradients for one training step (`dtype`: float32, or
+    bfloat16 autocast) with vitscope's attention kernels, its blockwise forward and backward, held within
+    `tol` of the same step with them switched off (PyTorch's kernels)."""
+    from vitscope import short_attention
+    from vitscope.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, img_size=96)
+    x, y = torch.randn(2, 1, 96, 96), torch.randint(0, 10, (2,))
+    calls = []
+    real = short_attention.attend_qkv
+    monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def grads():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            F.cross_entropy(model(x), y).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours = grads()
+    assert len(calls) == 2  # both blocks ran the kernels
+    with monkeypatch.context() as m:
+        m.setattr(short_attention, "usable_qkv", lambda *a: False)
+        m.setattr(short_attention, "usable", lambda *a: False)
+        theirs = grads()
+    assert_grads_close(ours, theirs, tol)
+
+
 def qkv_attention_against_float64(dtype: torch.dtype, queries: int | None, g_stride: int = 1, n: int = 50):
     """vitscope's attend_qkv on a random (3, n, 3·4·32) qkv of `dtype`, forward and backward, next to the
     same attention in float64 through the usual split (its first `queries` queries, or all). Returns

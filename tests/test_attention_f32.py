@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_grads_close, qkv_attention_against_float64
+from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
 from vitscope import short_attention
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.models import create_model
@@ -191,23 +191,7 @@ def test_vit_training_gradients_match_pytorch_kernels(monkeypatch):
 
 @needs_any_length
 def test_long_sequence_vit_training_gradients_match_pytorch_kernels(monkeypatch):
-    """577 tokens (96×96, patch 4): the blockwise forward and backward inside a model's training step."""
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, img_size=96)
-    x, y = torch.randn(2, 1, 96, 96), torch.randint(0, 10, (2,))
-    calls = []
-    real = short_attention.attend_qkv
-    monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
-
-    def grads():
-        model.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    ours = grads()
-    assert len(calls) == 2  # both blocks ran the kernels
-    monkeypatch.setattr(short_attention, "usable_qkv", lambda *a: False)
-    assert_grads_close(ours, grads(), 1e-4)
+    long_vit_grads_against_pytorch(monkeypatch, torch.float32, 1e-4)
 
 
 @needs_kernel

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_grads_close, qkv_attention_against_float64
+from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
 from vitscope import native, short_attention
 from vitscope.attention import attend
 from vitscope.models import create_model
@@ -240,24 +240,4 @@ def test_vit_training_gradients_match_the_explicit_path(vit_bf16_grads):
 
 
 def test_long_sequence_vit_training_gradients_match_pytorch(monkeypatch):
-    """577 tokens (96×96, patch 4): the blockwise forward and backward inside a model's training step."""
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, img_size=96)
-    x, y = torch.randn(2, 1, 96, 96), torch.randint(0, 10, (2,))
-    calls = []
-    real = short_attention.attend_qkv
-    monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
-
-    def grads():
-        model.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    ours = grads()
-    assert len(calls) == 2  # both blocks ran the kernels
-    with monkeypatch.context() as m:
-        m.setattr(short_attention, "usable_qkv", lambda *a: False)
-        m.setattr(short_attention, "usable", lambda *a: False)
-        theirs = grads()
-    assert_grads_close(ours, theirs, 5e-2)
+    long_vit_grads_against_pytorch(monkeypatch, torch.bfloat16, 5e-2)
