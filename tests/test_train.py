@@ -68,6 +68,33 @@ def test_training_learns_and_writes_the_run(tmp_path):
     assert len(rows) == 8
 
 
+def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monkeypatch):
+    """Each epoch's evaluation pauses training for seconds; the bar's steps per second (its time left)
+    must not count that pause as one step's time."""
+    import time
+
+    import vitscope.train as vt
+
+    real_evaluate, rates = vt.evaluate, []
+
+    def slow_evaluate(*a, **k):
+        time.sleep(2.0)
+        return real_evaluate(*a, **k)
+
+    class Bar(vt.tqdm):
+        def update(self, n=1):
+            out = super().update(n)
+            rates.append(self.format_dict["rate"])
+            return out
+
+    monkeypatch.setattr(vt, "evaluate", slow_evaluate)
+    monkeypatch.setattr(vt, "tqdm", Bar)
+    train(tiny_config(epochs=2), tmp_path, progress=True)
+    seen = sorted(r for r in rates if r)
+    # A step takes milliseconds: counted in, the 2 s pause drops the smoothed rate about tenfold.
+    assert len(seen) > 10 and seen[0] > 0.3 * seen[len(seen) // 2], (seen[0], seen[len(seen) // 2])
+
+
 def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_path):
     import json
 

@@ -387,6 +387,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 best_acc = ev["acc"]
                 save("best")
             save("last")
+            # The evaluation and the checkpoints are not steps: without this, the bar's first rate after
+            # them counted their seconds as one step's (the quick preset's time left read 6 hours for a while).
+            bar.unpause()
     bar.close()
 
     shift = cfg.final_eval_shift if stopped == "finished" else 0  # a stopped run leaves quickly
