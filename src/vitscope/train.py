@@ -374,6 +374,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 break
             ev = evaluate(ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size,
                           bf16=bf16, device=device, info=info, flip=cfg.eval_flip)
+            # The evaluation is not a step: without this the bar's first rate after it counted its seconds as
+            # one step's (the quick preset's time left read 6 hours for a while); its clock shows training time.
+            bar.unpause()
             ev_step = step
             row = {"epoch": epoch + 1, "step": step, "lr": lr_at(step - 1, total, warmup, cfg),
                    "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1),
@@ -387,9 +390,6 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 best_acc = ev["acc"]
                 save("best")
             save("last")
-            # The evaluation and the checkpoints are not steps: without this, the bar's first rate after
-            # them counted their seconds as one step's (the quick preset's time left read 6 hours for a while).
-            bar.unpause()
     bar.close()
 
     shift = cfg.final_eval_shift if stopped == "finished" else 0  # a stopped run leaves quickly
