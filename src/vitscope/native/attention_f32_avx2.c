@@ -67,12 +67,36 @@ typedef struct {
     float acc[MAXK * MAXD];                 /* the long forward's unnormalised outputs */
 } scratch_t;
 
+/* One query's row of n scores sr (padded to whole vectors) -> its unnormalised weights exp2(c sr - mx) in place,
+   0 past n, with mx the larger of `floor` (the long forward's maximum so far; -INFINITY: none) and the row's
+   largest c sr. Returns the weights' sum (16 partial sums) and mx in *mx_out. */
+static inline __attribute__((always_inline)) float row_weights(float *sr, int n, __m256 cs, float c, float floor,
+                                                               float *mx_out)
+{
+    const int njv = (n + 7) / 8;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m = ninf;
+    for (int jv = 0; jv < njv; jv++)
+        m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sr + jv * 8), lanes8(n - jv * 8)));
+    const float block = c * hmax8(m), mx = floor > block ? floor : block;
+    const __m256 mxv = _mm256_set1_ps(mx);
+    __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int jv = 0; jv < njv; jv++) {
+        const __m256 e = _mm256_and_ps(lanes8(n - jv * 8),
+                                       exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(sr + jv * 8), cs, mxv)));
+        _mm256_storeu_ps(sr + jv * 8, e);
+        sum[jv & 1] = _mm256_add_ps(sum[jv & 1], e);
+    }
+    *mx_out = mx;
+    return hsum8(_mm256_add_ps(sum[0], sum[1]));
+}
+
 /* o = softmax(scale q k^T) v for one (batch, head); with lse, each query's log2-sum-exp2 (c = scale log2 e). */
 static void head_forward_short(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
                          float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
 {
     const int njv = (nk + 7) / 8, lk = njv * 8;
-    const __m256 cs = _mm256_set1_ps(c), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 cs = _mm256_set1_ps(c);
     transpose_pad(k, sk, nk, d, lk, w->kt);
     pack_rows(v, sv, nk, d, w->vt);
     touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
@@ -81,21 +105,8 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
         float *s = w->s;
         gemm(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, lk, s, lk, 0);  /* scores, rows x lk */
         for (int r = 0; r < rows; r++) {  /* unnormalised weights exp2(c s - c max s); o is scaled after P v */
-            float *sr = s + (int64_t)r * lk;
-            __m256 m = ninf;
             touch_step();
-            for (int jv = 0; jv < njv; jv++)
-                m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sr + jv * 8), lanes8(nk - jv * 8)));
-            w->mx[r] = c * hmax8(m);
-            const __m256 mx = _mm256_set1_ps(w->mx[r]);
-            __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* 16 partial sums */
-            for (int jv = 0; jv < njv; jv++) {
-                const __m256 e = _mm256_and_ps(lanes8(nk - jv * 8),
-                                               exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(sr + jv * 8), cs, mx)));
-                _mm256_storeu_ps(sr + jv * 8, e);
-                sum[jv & 1] = _mm256_add_ps(sum[jv & 1], e);
-            }
-            w->sum[r] = hsum8(_mm256_add_ps(sum[0], sum[1]));
+            w->sum[r] = row_weights(s + (int64_t)r * lk, nk, cs, c, -INFINITY, &w->mx[r]);
         }
         if (lse)  /* the block's log-sum-exps at once, off the rows' chain of reductions */
             for (int r0 = 0; r0 < rows; r0 += 8) {
@@ -128,7 +139,7 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
 static void head_forward_long(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
                               float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
 {
-    const __m256 cs = _mm256_set1_ps(c), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 cs = _mm256_set1_ps(c);
     touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
     for (int c0 = 0; c0 < nq; c0 += MAXK) {
         const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
@@ -145,22 +156,12 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
                 float *s = w->s, *acc = w->acc + (int64_t)i0 * d;
                 gemm(rows, njv, d, q + (int64_t)(c0 + i0) * sq, sq, 1, w->kt, lk, s, lk, 0);  /* scores */
                 for (int r = 0; r < rows; r++) {
-                    float *sr = s + (int64_t)r * lk;
-                    __m256 m = ninf;
+                    const float old = w->mx[i0 + r];
+                    float mx;
                     touch_step();
-                    for (int jv = 0; jv < njv; jv++)
-                        m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, _mm256_loadu_ps(sr + jv * 8), lanes8(kn - jv * 8)));
-                    const float old = w->mx[i0 + r], block = c * hmax8(m), mx = old > block ? old : block;
-                    const __m256 mxv = _mm256_set1_ps(mx);
-                    __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-                    for (int jv = 0; jv < njv; jv++) {
-                        const __m256 e = _mm256_and_ps(lanes8(kn - jv * 8),
-                                                       exp2_ps8(_mm256_fmsub_ps(_mm256_loadu_ps(sr + jv * 8), cs, mxv)));
-                        _mm256_storeu_ps(sr + jv * 8, e);
-                        sum[jv & 1] = _mm256_add_ps(sum[jv & 1], e);
-                    }
+                    const float total = row_weights(s + (int64_t)r * lk, kn, cs, c, old, &mx);
                     const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
-                    w->sum[i0 + r] = w->sum[i0 + r] * alpha + hsum8(_mm256_add_ps(sum[0], sum[1]));
+                    w->sum[i0 + r] = w->sum[i0 + r] * alpha + total;
                     w->mx[i0 + r] = mx;
                     if (j0 && alpha != 1.0f) {
                         const __m256 av = _mm256_set1_ps(alpha);
