@@ -1,5 +1,5 @@
 # The README's two commands. Both set everything up first and can be run again safely.
-.PHONY: run test lint bench
+.PHONY: run test test-slow lint bench
 
 run:
 	@./scripts/setup.sh run
@@ -8,6 +8,11 @@ run:
 test:
 	@./scripts/setup.sh test
 	.venv/bin/python -m pytest -q
+
+# The tests marked slow (the benchmark scripts' longer smoke runs); CI runs them after `make test`.
+test-slow:
+	@./scripts/setup.sh test
+	.venv/bin/python -m pytest -q -m slow
 
 lint:
 	.venv/bin/ruff check .

@@ -1,5 +1,6 @@
 """benchmarks/ab_*.py, ablate_step.py, profile_step.py and softmax_bound.py on tiny settings: each runs
-and prints its table. Smoke tests of the scripts, not timings."""
+and prints its table. Smoke tests of the scripts, not timings. Those that take more than a few seconds
+(torch.compile, several worker processes, profiling) are marked slow: CI runs them after the default suite."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def _table(script: str, *args: str) -> tuple[str, list[str]]:
     return r.stdout, [line for line in r.stdout.splitlines() if line.startswith("| ")]
 
 
+@pytest.mark.slow
 def test_overridden_model_against_preset():
     r = _run("--set", "depth=1", "--set", "stem=[[16,2],[32,2]]", "--batch", "4", "--rounds", "2", "--steps", "1")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -44,6 +46,7 @@ def test_no_override_is_a_clear_error():
     assert r.returncode != 0 and "give at least one --set FIELD=VALUE" in r.stderr
 
 
+@pytest.mark.slow
 def test_muon_against_adamw():
     out, rows = _table("ab_optimizer.py", "--batch", "4", "--rounds", "2", "--steps", "1")
     assert rows[0] == "| optimizer | images/s per round | median |"
@@ -51,6 +54,7 @@ def test_muon_against_adamw():
     assert "muon ÷ adamw, per round:" in out
 
 
+@pytest.mark.slow
 def test_explicit_attention_against_fused_and_a_bad_field():
     out, rows = _table("ab_attention_kernel.py", "--set", "depth=1", "--batch", "4", "--rounds", "2", "--steps", "1")
     assert rows[1].startswith("| explicit | ") and rows[2].startswith("| fused | ")
@@ -60,6 +64,7 @@ def test_explicit_attention_against_fused_and_a_bad_field():
     assert bad.returncode == 2 and "not a model field" in bad.stderr
 
 
+@pytest.mark.slow
 def test_profile_lists_the_operators():
     script = SCRIPT.parent / "profile_step.py"
     r = subprocess.run([sys.executable, str(script), "--set", "depth=1", "--batch", "4", "--steps", "1", "--rows", "5"],
@@ -68,6 +73,7 @@ def test_profile_lists_the_operators():
     assert "Self CPU time total" in r.stdout and "aten::" in r.stdout
 
 
+@pytest.mark.slow
 def test_kept_freed_memory_against_glibc_defaults():
     out, rows = _table("ab_allocator.py", "--set", "depth=1", "--batch", "4", "--rounds", "1", "--steps", "1")
     assert rows[1].startswith("| kept | ") and rows[2].startswith("| default | ")
@@ -123,6 +129,7 @@ def test_fused_linear_against_nn_linear_in_training():
     assert "bfloat16 autocast training step" in out and "fused ÷ nn.Linear, per round:" in out
 
 
+@pytest.mark.slow
 def test_ablation_times_the_step_without_each_part():
     out, rows = _table("ablate_step.py", "--model", "vit_tiny_patch4_28", "--set", "depth=2", "--batch", "4",
                        "--rounds", "2", "--steps", "1")
@@ -132,6 +139,7 @@ def test_ablation_times_the_step_without_each_part():
     assert all(len(row.split(" | ")[1].split()) == 2 for row in rows[1:])  # one figure per round
 
 
+@pytest.mark.slow
 def test_compile_ab_times_eager_and_both_compiled_graphs():
     out, rows = _table("ab_compile.py", "--model", "vit_tiny_patch4_28", "--set", "depth=1", "--batch", "4",
                        "--rounds", "1", "--steps", "1")
@@ -163,6 +171,7 @@ def test_kernels_ab_switches_one_part_off_with_either_optimizer():
     assert "training step (muon)" in out and "B without: conv-wgrad" in out and "kernels ÷ without" in out
 
 
+@pytest.mark.slow
 def test_float32_conv_weight_grad_ab_and_two_parts_switched_off_together():
     from vitscope import fused_linear
 
@@ -236,6 +245,7 @@ def test_long_attention_ab_prints_both_passes_per_length():
     assert all(float(r.split(" | ")[7].strip("*")) > 0 for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_softmax_bound_prints_a_row_per_dtype():
     out, rows = _table("softmax_bound.py", "--sizes", "256")
     assert rows[0].startswith("| dtype | exp rate, G elements/s |")
@@ -272,6 +282,7 @@ def test_native_build_ab_refuses_kernels_with_other_signatures(tmp_path):
     assert {"vs_attention_bf16_fwd", "vs_attention_bwd", "vs_add_layer_norm_bwd"} <= set(real)
 
 
+@pytest.mark.slow
 def test_profile_loop_only_runs_steps():
     r = subprocess.run([sys.executable, str(SCRIPT.parent / "profile_step.py"), "--set", "depth=1", "--batch", "4",
                         "--loop", "0.2"], capture_output=True, text=True, timeout=120)
@@ -302,6 +313,7 @@ def test_native_build_ab_times_the_attention_kernels_alone(capsys):
     assert all(float(row.split(" | ")[1]) > 0 for row in rows[1:])
 
 
+@pytest.mark.slow
 def test_profile_kernels_splits_the_step_inside_and_outside_the_kernels():
     from vitscope import native
 

@@ -1,6 +1,7 @@
 """benchmarks/bench_vit.py end to end on tiny settings: it runs, measures and writes its own section.
 
 A smoke test of the script, not a timing: the numbers are not checked, only that every piece works.
+The end-to-end run is marked slow (half a minute of worker processes): CI runs it after the default suite.
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_vit.py"
 SECTION = "## ViT training and inference (benchmarks/bench_vit.py)"
 
 
+@pytest.mark.slow
 def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
     out = tmp_path / "RESULTS.md"
     out.write_text("## Attention (benchmarks/bench_attention.py)\n\nkept\n\n" + SECTION + "\n\nSTALE-ROW\n")
