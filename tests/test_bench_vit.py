@@ -36,7 +36,7 @@ def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
     assert "- passes: 2" in text
 
 
-def test_each_row_is_its_cases_median_pass():
+def _bench_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_vit", SCRIPT)
@@ -46,8 +46,18 @@ def test_each_row_is_its_cases_median_pass():
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(str(SCRIPT.parent))
+    return bench
+
+
+def test_each_row_is_its_cases_median_pass():
+    bench = _bench_module()
     runs = [{"batch": 10, "times_s": [t], "pass": i} for i, t in enumerate([0.5, 0.2, 0.1])]
     row = bench.median_pass(runs)
     assert row["pass"] == 1 and row["passes_images_per_s"] == [20.0, 50.0, 100.0]
     failed = {"batch": 10, "error": "out of memory"}
     assert bench.median_pass([runs[0], failed]) is failed
+
+
+def test_slow_shapes_keep_a_decimal_of_images_per_second():
+    ips_text = _bench_module().ips_text
+    assert [ips_text(x) for x in (3.64, 44.06, 99.96, 100.4, 1574.2)] == ["3.6", "44.1", "100", "100", "1,574"]
