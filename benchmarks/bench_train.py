@@ -42,12 +42,18 @@ def preset_of(run: dict) -> str:
     return run["dir"].name.rsplit("-seed", 1)[0]
 
 
-def table(runs: list[dict]) -> str:
+def minutes_to(run: dict, acc_pct: float) -> float | None:
+    """Training minutes at the end of the first epoch whose test accuracy reached `acc_pct`, or None."""
+    return next((row["train_time_s"] / 60 for row in run["metrics"] if 100 * row["test_acc"] >= acc_pct), None)
+
+
+def table(runs: list[dict], reach: list[float]) -> str:
     groups: dict[str, list[dict]] = {}
     for r in runs:
         groups.setdefault(preset_of(r), []).append(r)
     lines = ["| preset | model | params | epochs | seeds | test views | test acc % (each) | mean | train min (each) "
-             "| images/s |", "|---|---|---:|---:|---:|---:|---|---:|---|---:|"]
+             "| images/s |" + "".join(f" min to {a:g}% |" for a in reach),
+             "|---|---|---:|---:|---:|---:|---|---:|---|---:|" + "---:|" * len(reach)]
     for name, rs in groups.items():
         accs = [100 * r["summary"]["test_acc"] for r in rs]
         mins = [r["summary"]["train_time_s"] / 60 for r in rs]
@@ -56,8 +62,15 @@ def table(runs: list[dict]) -> str:
         views = s.get("test_views", 2 if rs[0]["config"].get("eval_flip") else 1)  # older runs: no field
         lines.append(f"| {name} | {s['model']} | {s['parameters']:,} | {s['epochs']} | {len(rs)} | {views} | "
                      f"{', '.join(f'{a:.2f}' for a in accs)} | {statistics.mean(accs):.2f} | "
-                     f"{', '.join(f'{m:.1f}' for m in mins)} | {ips:.0f} |")
+                     f"{', '.join(f'{m:.1f}' for m in mins)} | {ips:.0f} |"
+                     + "".join(f" {_reached(rs, a)} |" for a in reach))
     return "\n".join(lines)
+
+
+def _reached(runs: list[dict], acc_pct: float) -> str:
+    """Each seed's minutes to `acc_pct` (the end of the epoch that reached it), "never" where none did."""
+    times = [minutes_to(r, acc_pct) for r in runs]
+    return ", ".join("never" if t is None else f"{t:.1f}" for t in times)
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -99,6 +112,8 @@ def main() -> None:
     ap.add_argument("--from-runs", nargs="*", type=Path, help="tabulate these run directories instead of training")
     ap.add_argument("--png", type=Path, default=Path("benchmarks/train_curves.png"))
     ap.add_argument("--out", type=Path, help="also write the markdown here")
+    ap.add_argument("--reach", nargs="*", type=float, default=[87.5, 92.0, 95.0],
+                    help="test accuracies (%%) whose time to reach gets a column (default: 87.5 92 95)")
     ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: flags passed to every `vitscope train`")
     args = ap.parse_args()
     extra = [a for a in args.extra if a != "--"]
@@ -108,7 +123,7 @@ def main() -> None:
         dirs = [run_preset(p, s, args.runs_dir, extra) for p in args.presets for s in args.seeds]
     runs = [load_run(d) for d in dirs]
     plot(runs, args.png)
-    text = f"{machine_header()}\n\n{table(runs)}\n\nCurves: `{args.png}`\n"
+    text = f"{machine_header()}\n\n{table(runs, args.reach)}\n\nCurves: `{args.png}`\n"
     print(text)
     if args.out:
         args.out.write_text(text)
