@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from _machine import machine_header
+from _machine import machine_header, rate_text
 from vitscope import allocator
 from vitscope.cli import UsageError, parse_model_sets
 from vitscope.models import create_model
@@ -130,7 +130,7 @@ def ratio_table(rates: dict[str, list[float]], first: str, second: str, label: s
     """A markdown table of the rounds, and the median of the per-round ratios first ÷ second."""
     ratios = [a / b for a, b in zip(rates[first], rates[second])]
     lines = [f"| {label} | images/s per round | median |", "|---|---|---:|"]
-    lines += [f"| {name} | {' '.join(f'{v:.0f}' for v in r)} | {statistics.median(r):.0f} |"
+    lines += [f"| {name} | {' '.join(rate_text(v) for v in r)} | {rate_text(statistics.median(r))} |"
               for name, r in rates.items()]
     lines.append(f"\n{first} ÷ {second}, per round: {' '.join(f'{v:.2f}' for v in ratios)}; "
                  f"median **{statistics.median(ratios):.2f}**")

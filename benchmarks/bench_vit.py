@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import rate_text  # noqa: E402
 from bench_attention import (  # noqa: E402  (shared helpers of the benchmark scripts)
     MALLOC,
     _background_cores,
@@ -306,11 +307,6 @@ def images_per_s(r: dict) -> float | None:
     return r["batch"] / statistics.median(r["times_s"]) if "times_s" in r else None
 
 
-def ips_text(ips: float) -> str:
-    """images/s for a table: whole numbers from 100 up, one decimal below (ViT-S/16 trains at 3-4 on 2 cores)."""
-    return f"{ips:,.0f}" if ips >= 99.95 else f"{ips:.1f}"
-
-
 def median_pass(passes: list[dict]) -> dict:
     """The pass whose images/s is the median (the lower middle for an even count), whole, so every column
     of a row comes from one process; a case that failed in any pass is reported by its first failure."""
@@ -351,7 +347,7 @@ def shape_table(rows: list[dict], peaks: dict[str, float]) -> str:
         gflops = r["flops_per_image"] * (3 if r["mode"] == "train" else 1) * ips / 1e9
         peak = peaks.get(r["dtype"])
         lines.append(
-            head + f"| {r['path']} | {r['batch']} | {ips_text(ips)} | {ratio} | {100 * (q3 - q1) / t:.0f} "
+            head + f"| {r['path']} | {r['batch']} | {rate_text(ips)} | {ratio} | {100 * (q3 - q1) / t:.0f} "
             f"| {r['background_cores']:.1f} | {gflops:.0f} | {f'{100 * gflops / peak:.0f}' if peak else ''} "
             f"| {r['first_s']:.1f} | {r['step_peak_bytes'] / 2**20:.0f} | {r['process_peak_bytes'] / 2**20:.0f} "
             f"| {r['params']:,} |"
@@ -387,8 +383,8 @@ def targets_table(results: list[dict]) -> str:
                                                                     theirs.get("passes_images_per_s", [])))
                 lines.append(
                     f"| {shape} | {mode} | {'yes' if compiled else 'no'} "
-                    f"| {ips_text(images_per_s(ours))} ({setting(ours)}) | {names} "
-                    f"| {ips_text(images_per_s(theirs))} ({LABELS[theirs['impl']]}, {setting(theirs)}) "
+                    f"| {rate_text(images_per_s(ours))} ({setting(ours)}) | {names} "
+                    f"| {rate_text(images_per_s(theirs))} ({LABELS[theirs['impl']]}, {setting(theirs)}) "
                     f"| {ratio:.2f} | {per_pass} | ≥ {target} | {'yes' if ratio >= target else '**no**'} |")
     return "\n".join(lines)
 
@@ -536,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
             r = spawn(spec, quiet_wait_s=quiet)
             runs[i].append(r)
             ips = images_per_s(r)
-            took = f"{ips_text(ips)} images/s (first step {r['first_s']:.1f} s)" if ips else r["error"]
+            took = f"{rate_text(ips)} images/s (first step {r['first_s']:.1f} s)" if ips else r["error"]
             done = f"pass {n + 1}/{args.passes}, " if args.passes > 1 else ""
             print(f"  [{done}{i + 1}/{len(specs)} {time.monotonic() - start:.0f} s] {spec['shape']} {spec['mode']} "
                   f"{spec['dtype']} {'compiled ' if spec['compile'] else ''}{spec['impl']}: {took}",
