@@ -116,11 +116,11 @@ def machine_header(extra: dict[str, object] | None = None) -> str:
     return "\n".join(f"- {labels.get(k, k)}: {v}" for k, v in info.items())
 
 
-if __name__ == "__main__":
-    print(machine_header())
-
-
 def rate_text(rate: float) -> str:
     """A rate for a table: whole numbers from 100 up, one decimal below (ViT-S/16 trains at 3-4 images/s on
     2 cores, where whole numbers would read 3 and 4 for 3.4 and 3.6)."""
     return f"{rate:,.0f}" if rate >= 99.95 else f"{rate:.1f}"
+
+
+if __name__ == "__main__":
+    print(machine_header())
