@@ -84,15 +84,18 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
     class Bar(vt.tqdm):
         def update(self, n=1):
             out = super().update(n)
-            rates.append(self.format_dict["rate"])
+            rates.append((self.n, self.total, self.format_dict["rate"]))
             return out
 
     monkeypatch.setattr(vt, "evaluate", slow_evaluate)
     monkeypatch.setattr(vt, "tqdm", Bar)
     train(tiny_config(epochs=2), tmp_path, progress=True)
-    seen = sorted(r for r in rates if r)
+    # The lowest rate after epoch 1's evaluation, against the median: the very first steps are slow for
+    # other reasons (a fresh clone builds the C kernels at the first call), not what this test is about.
+    seen = sorted(r for _, _, r in rates if r)
+    after = min(r for n, total, r in rates if r and n > total // 2)
     # A step takes milliseconds: counted in, the 2 s pause drops the smoothed rate about tenfold.
-    assert len(seen) > 10 and seen[0] > 0.3 * seen[len(seen) // 2], (seen[0], seen[len(seen) // 2])
+    assert len(seen) > 10 and after > 0.3 * seen[len(seen) // 2], (after, seen[len(seen) // 2])
 
 
 def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_path):
