@@ -24,7 +24,8 @@ ANY_LENGTH = KERNEL is not None and KERNEL.any_length
 needs_any_length = pytest.mark.skipif(not ANY_LENGTH, reason="this CPU's float32 kernel takes at most 256 keys")
 # Past 256 keys the forward carries an online softmax over key blocks; past 256 queries or keys the backward
 # runs blockwise (key blocks by query chunks), taking rowsum(g o) from the output.
-LONG_FORWARD = [(300, 300, 32), (50, 257, 64), (1, 700, 32), (17, 600, 128), (300, 513, 96), (257, 1025, 64)]
+LONG_FORWARD = [(300, 300, 32), (50, 257, 64), (1, 700, 32), (17, 600, 128), (300, 513, 96), (257, 1025, 64),
+                (250, 300, 24), (481, 700, 40)]  # chunks of 240 queries; head dims of an odd number of vectors
 LONG_BACKWARD = [(300, 300, 32), (50, 700, 64), (600, 40, 32), (257, 513, 64), (1, 300, 32), (513, 600, 8)]
 
 

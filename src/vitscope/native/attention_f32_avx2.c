@@ -22,48 +22,64 @@ static float *thread_floats(int64_t n);  /* attention_driver.h: this thread's bu
 
 #define MAXK 256
 #define MAXD 128
-#define QBLOCK 32 /* queries whose scores the forward holds at a time */
+#define QBLOCK 30  /* queries whose scores the forward holds at a time: 5 tiles of 6 rows (32 left 2-row tiles) */
+#define QCHUNK 240 /* queries whose outputs the long forward carries from key block to key block: 8 QBLOCKs */
 
-/* c (m rows, 8 nvec cols, row stride sc) = A B, or c + A B with `add`; A's element (r, kk) at a[r sar + kk sak],
-   B's row kk at b + kk sb, the sum over kk < kn. Columns in groups of up to two vectors, each group's rows in
-   tiles. */
-static void gemm(int m, int nvec, int kn, const float *a, int64_t sar, int64_t sak, const float *b, int64_t sb,
-                 float *c, int64_t sc, int add)
-{
-    for (int v0 = 0; v0 < nvec; v0 += 2) {
-        const int nv = nvec - v0 < 2 ? nvec - v0 : 2, rmax = rows_for(nv);
-        for (int r0 = 0; r0 < m; r0 += rmax) {
-            const int r = m - r0 < rmax ? m - r0 : rmax;
-            float *cr = c + r0 * sc + v0 * 8;
-            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b + v0 * 8, sb, cr, sc, add ? cr : NULL, sc);
-        }
-    }
-}
+/* Every product reads its b laid out in panels of 16 columns (gemm_panels), each column group's rows one
+   contiguous stream: row-major, rows lk or d floats apart (1 KB or 256 B) put a tile's 64 or 256 rows of b
+   into a few of L1's sets, and at a fused qkv's row stride (3 H D floats) into fewer still. Panels took
+   the forward 1.05-1.2x and the backward 1.03-1.08x faster at 197-4097 keys (session 39). */
 
-/* kt[dd lk + j] = k[j sk + dd] for j < n, 0 for n <= j < lk (lk a multiple of 8), 8 x 8 blocks at a time. */
-static void transpose_pad(const float *k, int64_t sk, int n, int d, int lk, float *kt)
+/* kp = k's n rows transposed (keys padded with zeros to lk, a multiple of 8) in panels of 16 keys, the last one
+   8 wide where lk / 8 is odd: panel p, at kp + 16 p d, holds for each dd < d its keys' k[.][dd] (pw floats). */
+static void transpose_panels(const float *k, int64_t sk, int n, int d, int lk, float *kp)
 {
-    for (int j0 = 0; j0 < lk; j0 += 8)
+    for (int j0 = 0; j0 < lk; j0 += 8) {
+        const int p0 = j0 / 16 * 16, pw = lk - p0 < 16 ? lk - p0 : 16;
+        float *panel = kp + (int64_t)p0 * d + (j0 - p0);
         for (int d0 = 0; d0 < d; d0 += 8) {
             __m256 r[8];
             for (int c = 0; c < 8; c++)
                 r[c] = j0 + c < n ? _mm256_loadu_ps(k + (int64_t)(j0 + c) * sk + d0) : _mm256_setzero_ps();
             transpose8(r);
-            for (int m = 0; m < 8; m++) _mm256_storeu_ps(kt + (int64_t)(d0 + m) * lk + j0, r[m]);
+            for (int m = 0; m < 8; m++) _mm256_storeu_ps(panel + (int64_t)(d0 + m) * pw, r[m]);
+        }
+    }
+}
+
+/* dst = n rows of d floats (d a multiple of 8) in panels of 16 columns, the last one 8 wide where d / 8 is odd:
+   panel p, at dst + 16 p n, holds each row's columns 16 p .. 16 p + pw contiguously. */
+static void pack_panels(const float *src, int64_t ss, int n, int d, float *dst)
+{
+    for (int j = 0; j < n; j++)
+        for (int c0 = 0; c0 < d; c0 += 16) {
+            const int pw = d - c0 < 16 ? d - c0 : 16;
+            float *out = dst + (int64_t)c0 * n + (int64_t)j * pw;
+            const float *in = src + (int64_t)j * ss + c0;
+            _mm256_storeu_ps(out, _mm256_loadu_ps(in));
+            if (pw == 16) _mm256_storeu_ps(out + 8, _mm256_loadu_ps(in + 8));
         }
 }
 
-/* dst[j d + dd] = src[j ss + dd]: n rows of d floats packed contiguously. The products' B rows are read
-   once per tile column group; at the callers' row strides (a fused qkv's, 3 H D floats apart) those rows
-   fell into a few cache sets and were fetched again for every group: ViT-S/16's forward took 1.5x as long. */
-static void pack_rows(const float *src, int64_t ss, int n, int d, float *dst)
+/* c (m rows, 8 nvec cols, row stride sc) = A B, or c + A B with `add`; A's element (r, kk) at a[r sar + kk sak],
+   B (kn rows, 8 nvec columns) in the panels above, the sum over kk < kn. Each panel's rows in tiles. */
+static void gemm_panels(int m, int nvec, int kn, const float *a, int64_t sar, int64_t sak, const float *bp, float *c,
+                        int64_t sc, int add)
 {
-    for (int j = 0; j < n; j++) memcpy(dst + (int64_t)j * d, src + (int64_t)j * ss, sizeof(float) * (size_t)d);
+    for (int v0 = 0; v0 < nvec; v0 += 2) {
+        const int nv = nvec - v0 < 2 ? nvec - v0 : 2, rmax = rows_for(nv);
+        const float *b = bp + (int64_t)v0 * 8 * kn;
+        for (int r0 = 0; r0 < m; r0 += rmax) {
+            const int r = m - r0 < rmax ? m - r0 : rmax;
+            float *cr = c + r0 * sc + v0 * 8;
+            tile_any(r, nv, kn, a + r0 * sar, sar, sak, b, nv * 8, cr, sc, add ? cr : NULL, sc);
+        }
+    }
 }
 
 typedef struct {
-    float kt[MAXD * MAXK], vt[MAXD * MAXK]; /* k and v transposed, keys padded to 8 (forward: vt holds v packed) */
-    float kc[MAXK * MAXD], qc[MAXK * MAXD], gc[MAXK * MAXD]; /* the backward's k, q and g packed */
+    float kt[MAXD * MAXK], vt[MAXD * MAXK]; /* k and v transposed in panels, keys padded to 8 (forward: v in panels) */
+    float kc[MAXK * MAXD], qc[MAXK * MAXD], gc[MAXK * MAXD]; /* the backward's k, q and g in panels */
     float s[MAXK * MAXK], dp[MAXK * MAXK];  /* scores / weights; their gradients */
     float mx[MAXK], sum[MAXK];              /* the forward's row maxima and sums of weights */
     float acc[MAXK * MAXD];                 /* the long forward's unnormalised outputs */
@@ -99,13 +115,13 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
 {
     const int njv = (nk + 7) / 8, lk = njv * 8;
     const __m256 cs = _mm256_set1_ps(c);
-    transpose_pad(k, sk, nk, d, lk, w->kt);
-    pack_rows(v, sv, nk, d, w->vt);
+    transpose_panels(k, sk, nk, d, lk, w->kt);
+    pack_panels(v, sv, nk, d, w->vt);
     touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
     for (int i0 = 0; i0 < nq; i0 += QBLOCK) {
         const int rows = nq - i0 < QBLOCK ? nq - i0 : QBLOCK;
         float *s = w->s;
-        gemm(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, lk, s, lk, 0);  /* scores, rows x lk */
+        gemm_panels(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, s, lk, 0);  /* scores, rows x lk */
         for (int r = 0; r < rows; r++) {  /* unnormalised weights exp2(c s - c max s); o is scaled after P v */
             touch_step();
             w->sum[r] = row_weights(s + (int64_t)r * lk, nk, cs, c, -INFINITY, &w->mx[r]);
@@ -122,7 +138,7 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
                 memcpy(lse + i0 + r0, buf, sizeof(float) * (size_t)n);
             }
         float *ob = o + (int64_t)i0 * so;
-        gemm(rows, d / 8, nk, s, lk, 1, w->vt, d, ob, so, 0);  /* o = P v, then each row over its sum */
+        gemm_panels(rows, d / 8, nk, s, lk, 1, w->vt, ob, so, 0);  /* o = P v, then each row over its sum */
         for (int r = 0; r < rows; r++) {
             const __m256 inv = _mm256_set1_ps(1.0f / w->sum[r]);
             for (int dd = 0; dd < d; dd += 8)
@@ -132,7 +148,7 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
 }
 
 /* head_forward_short for more than MAXK keys: flash attention's online softmax over blocks of MAXK keys,
-   as attention_bf16.h's head_forward_long. For each chunk of up to MAXK queries, each query's running
+   as attention_bf16.h's head_forward_long. For each chunk of up to QCHUNK queries, each query's running
    maximum and sum of weights and its unnormalised output (w->acc, rows of d floats) are carried from key
    block to key block: a block's weights are taken against the maximum so far, and what was accumulated
    is rescaled by exp2(old max - new max) where the maximum grows. The head's keys (transposed, block by
@@ -145,15 +161,15 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
     const __m256 cs = _mm256_set1_ps(c);
     const int blocks = (nk + MAXK - 1) / MAXK;
     const int64_t per_block = (int64_t)MAXK * d;  /* floats of a block's keys, and of its values */
-    float *laid = nq > MAXK ? thread_floats(2 * blocks * per_block) : NULL;  /* keys' blocks, then values' */
+    float *laid = nq > QCHUNK ? thread_floats(2 * blocks * per_block) : NULL;  /* keys' blocks, then values' */
     for (int b = 0; laid && b < blocks; b++) {
         const int j0 = b * MAXK, kn = nk - j0 < MAXK ? nk - j0 : MAXK;
-        transpose_pad(k + (int64_t)j0 * sk, sk, kn, d, (kn + 7) / 8 * 8, laid + b * per_block);
-        pack_rows(v + (int64_t)j0 * sv, sv, kn, d, laid + (blocks + b) * per_block);
+        transpose_panels(k + (int64_t)j0 * sk, sk, kn, d, (kn + 7) / 8 * 8, laid + b * per_block);
+        pack_panels(v + (int64_t)j0 * sv, sv, kn, d, laid + (blocks + b) * per_block);
     }
     touch_plan((int64_t)nq * blocks);
-    for (int c0 = 0; c0 < nq; c0 += MAXK) {
-        const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
+    for (int c0 = 0; c0 < nq; c0 += QCHUNK) {
+        const int cn = nq - c0 < QCHUNK ? nq - c0 : QCHUNK;
         for (int r = 0; r < cn; r++) {
             w->mx[r] = -INFINITY;
             w->sum[r] = 0.0f;
@@ -165,13 +181,13 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
                 kt = laid + (j0 / MAXK) * per_block;
                 vt = laid + (blocks + j0 / MAXK) * per_block;
             } else {
-                transpose_pad(k + (int64_t)j0 * sk, sk, kn, d, lk, w->kt);
-                pack_rows(v + (int64_t)j0 * sv, sv, kn, d, w->vt);
+                transpose_panels(k + (int64_t)j0 * sk, sk, kn, d, lk, w->kt);
+                pack_panels(v + (int64_t)j0 * sv, sv, kn, d, w->vt);
             }
             for (int i0 = 0; i0 < cn; i0 += QBLOCK) {
                 const int rows = cn - i0 < QBLOCK ? cn - i0 : QBLOCK;
                 float *s = w->s, *acc = w->acc + (int64_t)i0 * d;
-                gemm(rows, njv, d, q + (int64_t)(c0 + i0) * sq, sq, 1, kt, lk, s, lk, 0);  /* scores */
+                gemm_panels(rows, njv, d, q + (int64_t)(c0 + i0) * sq, sq, 1, kt, s, lk, 0);  /* scores */
                 for (int r = 0; r < rows; r++) {
                     const float old = w->mx[i0 + r];
                     float mx;
@@ -186,7 +202,7 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
                             _mm256_storeu_ps(acc + r * d + dd, _mm256_mul_ps(_mm256_loadu_ps(acc + r * d + dd), av));
                     }
                 }
-                gemm(rows, d / 8, kn, s, lk, 1, vt, d, acc, d, j0 > 0);  /* acc = acc alpha + P v */
+                gemm_panels(rows, d / 8, kn, s, lk, 1, vt, acc, d, j0 > 0);  /* acc = acc alpha + P v */
             }
         }
         for (int r = 0; r < cn; r++) {
@@ -218,10 +234,10 @@ static void head_backward_short(const float *q, int64_t sq, const float *k, int6
     const int njv = (nk + 7) / 8, lk = njv * 8, nd = d / 8;
     float *p = w->s, *dp = w->dp;
     const __m256 cs = _mm256_set1_ps(c), sc = _mm256_set1_ps(scale);
-    transpose_pad(k, sk, nk, d, lk, w->kt);
-    transpose_pad(v, sv, nk, d, lk, w->vt);
-    gemm(nq, njv, d, q, sq, 1, w->kt, lk, p, lk, 0);   /* scores */
-    gemm(nq, njv, d, g, sg, 1, w->vt, lk, dp, lk, 0);  /* dP = g v^T */
+    transpose_panels(k, sk, nk, d, lk, w->kt);
+    transpose_panels(v, sv, nk, d, lk, w->vt);
+    gemm_panels(nq, njv, d, q, sq, 1, w->kt, p, lk, 0);   /* scores */
+    gemm_panels(nq, njv, d, g, sg, 1, w->vt, dp, lk, 0);  /* dP = g v^T */
     touch_plan(nq);
     for (int i = 0; i < nq; i++) {
         float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
@@ -239,12 +255,12 @@ static void head_backward_short(const float *q, int64_t sq, const float *k, int6
             _mm256_storeu_ps(dpr + jv * 8, _mm256_mul_ps(_mm256_mul_ps(pv, _mm256_sub_ps(_mm256_loadu_ps(dpr + jv * 8), dl)), sc));
         }
     }
-    pack_rows(k, sk, nk, d, w->kc);
-    pack_rows(g, sg, nq, d, w->gc);
-    pack_rows(q, sq, nq, d, w->qc);
-    gemm(nq, nd, nk, dp, lk, 1, w->kc, d, dq, sdq, 0);  /* dq = dS k */
-    gemm(nk, nd, nq, p, 1, lk, w->gc, d, dv, sdv, 0);   /* dv = P^T g */
-    gemm(nk, nd, nq, dp, 1, lk, w->qc, d, dk, sdk, 0);  /* dk = dS^T q */
+    pack_panels(k, sk, nk, d, w->kc);
+    pack_panels(g, sg, nq, d, w->gc);
+    pack_panels(q, sq, nq, d, w->qc);
+    gemm_panels(nq, nd, nk, dp, lk, 1, w->kc, dq, sdq, 0);  /* dq = dS k */
+    gemm_panels(nk, nd, nq, p, 1, lk, w->gc, dv, sdv, 0);   /* dv = P^T g */
+    gemm_panels(nk, nd, nq, dp, 1, lk, w->qc, dk, sdk, 0);  /* dk = dS^T q */
 }
 
 /* The backward for more than MAXK queries or keys, flash attention's way (attention_bf16.h's
@@ -264,14 +280,14 @@ static void head_backward_long(const float *q, int64_t sq, const float *k, int64
     for (int j0 = 0; j0 < nk; j0 += MAXK) {
         const int kn = nk - j0 < MAXK ? nk - j0 : MAXK, njv = (kn + 7) / 8, lk = njv * 8;
         const float *kb = k + (int64_t)j0 * sk;
-        transpose_pad(kb, sk, kn, d, lk, w->kt);
-        transpose_pad(v + (int64_t)j0 * sv, sv, kn, d, lk, w->vt);
-        pack_rows(kb, sk, kn, d, w->kc);
+        transpose_panels(kb, sk, kn, d, lk, w->kt);
+        transpose_panels(v + (int64_t)j0 * sv, sv, kn, d, lk, w->vt);
+        pack_panels(kb, sk, kn, d, w->kc);
         for (int c0 = 0; c0 < nq; c0 += MAXK) {
             const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
             const float *qc = q + (int64_t)c0 * sq, *gc = g + (int64_t)c0 * sg;
-            gemm(cn, njv, d, qc, sq, 1, w->kt, lk, p, lk, 0);   /* scores */
-            gemm(cn, njv, d, gc, sg, 1, w->vt, lk, dp, lk, 0);  /* dP = g v^T */
+            gemm_panels(cn, njv, d, qc, sq, 1, w->kt, p, lk, 0);   /* scores */
+            gemm_panels(cn, njv, d, gc, sg, 1, w->vt, dp, lk, 0);  /* dP = g v^T */
             for (int i = 0; i < cn; i++) {
                 float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
                 touch_step();
@@ -283,11 +299,11 @@ static void head_backward_long(const float *q, int64_t sq, const float *k, int64
                     _mm256_storeu_ps(dpr + jv * 8, _mm256_mul_ps(_mm256_mul_ps(pv, _mm256_sub_ps(_mm256_loadu_ps(dpr + jv * 8), dl)), sc));
                 }
             }
-            pack_rows(gc, sg, cn, d, w->gc);
-            pack_rows(qc, sq, cn, d, w->qc);
-            gemm(cn, nd, kn, dp, lk, 1, w->kc, d, dq + (int64_t)c0 * sdq, sdq, j0 > 0);  /* dq += dS k */
-            gemm(kn, nd, cn, p, 1, lk, w->gc, d, dv + (int64_t)j0 * sdv, sdv, c0 > 0);   /* dv += P^T g */
-            gemm(kn, nd, cn, dp, 1, lk, w->qc, d, dk + (int64_t)j0 * sdk, sdk, c0 > 0);  /* dk += dS^T q */
+            pack_panels(gc, sg, cn, d, w->gc);
+            pack_panels(qc, sq, cn, d, w->qc);
+            gemm_panels(cn, nd, kn, dp, lk, 1, w->kc, dq + (int64_t)c0 * sdq, sdq, j0 > 0);  /* dq += dS k */
+            gemm_panels(kn, nd, cn, p, 1, lk, w->gc, dv + (int64_t)j0 * sdv, sdv, c0 > 0);   /* dv += P^T g */
+            gemm_panels(kn, nd, cn, dp, 1, lk, w->qc, dk + (int64_t)j0 * sdk, sdk, c0 > 0);  /* dk += dS^T q */
         }
     }
 }
