@@ -4,6 +4,7 @@
     python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/profile_step.py --optimizer muon --rows 30
     python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --kernels
+    python benchmarks/profile_step.py --model vit_small_patch16_224 --batch 32 --dtype float32 --steps 2 --compile
     perf record -e cpu-clock -D 6000 -o /tmp/perf.data python benchmarks/profile_step.py \
         --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --loop 16   # then: perf report -i /tmp/perf.data
 
@@ -16,6 +17,9 @@ kernels and outside them (Python, autograd, PyTorch's own ops), and per kernel i
 much of the step the kernels can still win, and what is left around them. With `--loop SECONDS`
 it only runs steps for that long, for a sampling profiler outside Python to watch (perf's cpu-clock
 event works where the CPU's counters are not exposed, as in this project's VMs; -D skips the start-up).
+`--compile` runs the model through torch.compile first (traced in the warm-up, untimed): vitscope's
+kernels appear as their custom ops (`vitscope::mlp_f32` and the like) and Inductor's code as `CompiledFxGraph`
+calls, to set beside the eager profile's rows.
 """
 
 from __future__ import annotations
@@ -106,10 +110,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="run steps for SECONDS without torch.profiler (for perf record and the like)")
     ap.add_argument("--kernels", action="store_true",
                     help="time the calls into vitscope's C kernels and the step's parts instead of profiling")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (traced in the warm-up)")
     args = ap.parse_args(argv)
     overrides = ab.model_overrides(ap, args)
     torch.manual_seed(0)
     model = create_model(args.model, **overrides)
+    if args.compile:
+        if args.kernels:
+            ap.error("--kernels times the eager step's calls; leave out --compile")
+        model = torch.compile(model)
     if args.kernels:
         kernels(args, model)
         return
@@ -129,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
             step()
     print(machine_header())
     name = " ".join([args.model, *args.set])
-    print(f"\n{name}, batch {args.batch}, {args.optimizer}, {ab.step_label(args)} training step, "
-          f"{args.steps} steps profiled\n")
+    print(f"\n{name}, batch {args.batch}, {args.optimizer}, {ab.step_label(args)} training step"
+          f"{', compiled' if args.compile else ''}, {args.steps} steps profiled\n")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 

@@ -74,6 +74,19 @@ def test_profile_lists_the_operators():
 
 
 @pytest.mark.slow
+def test_profile_of_the_compiled_step_names_vitscope_ops():
+    script = SCRIPT.parent / "profile_step.py"
+    r = subprocess.run([sys.executable, str(script), "--set", "depth=1", "--batch", "4", "--steps", "1", "--rows", "40",
+                        "--dtype", "float32", "--compile"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "training step, compiled, 1 steps profiled" in r.stdout
+    assert "vitscope::" in r.stdout and "CompiledFxGraph" in r.stdout
+    both = subprocess.run([sys.executable, str(script), "--compile", "--kernels"], capture_output=True, text=True,
+                          timeout=120)
+    assert both.returncode == 2 and "leave out --compile" in both.stderr
+
+
+@pytest.mark.slow
 def test_kept_freed_memory_against_glibc_defaults():
     out, rows = _table("ab_allocator.py", "--set", "depth=1", "--batch", "4", "--rounds", "1", "--steps", "1")
     assert rows[1].startswith("| kept | ") and rows[2].startswith("| default | ")
