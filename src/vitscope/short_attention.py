@@ -64,8 +64,8 @@ class Kernel:
 # From 768 keys on, PyTorch's float32 flash kernel takes 256 queries by 512 keys a block in MKL's products.
 # Its forward ran 1.06-1.15x as fast as the AVX2 kernel's on a Zen 3 EPYC (N = 769-4097, 6 heads of 64,
 # 2 threads) until the kernel read its operands in panels (session 39): now the two are level there
-# (PyTorch's time over the kernel's 0.99-1.01), the kernel 1.09-1.35x ahead below, and forward with
-# backward 1.05-1.43x at every length (benchmarks/ab_long_attention.py). Inference forwards past 768 keys
+# (PyTorch's time over the kernel's 0.99-1.10), the kernel 1.04-1.35x ahead below, and forward with
+# backward 1.04-1.47x at every length (benchmarks/ab_long_attention.py). Inference forwards past 768 keys
 # still run PyTorch's kernel there: at parity, nothing is gained by leaving it.
 AVX2_FLOAT32_INFERENCE_MAX_KEYS = 768
 

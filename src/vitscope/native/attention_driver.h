@@ -4,8 +4,9 @@
 
    The file including this defines first: ELEM (the element type), DIM_MULTIPLE (the head dims it
    takes are multiples of this, up to MAXD), scratch_t, head_forward and head_backward (one (batch,
-   head) each, at row strides in elements; the backward also gets the head's rows of the job's delta
-   and a thread's buffer of the job's `floats`, each NULL when there is none), and products_on / products_off around a thread's work. */
+   head) each, at row strides in elements, and a thread's buffer of the job's `floats`; the backward also
+   gets the head's rows of the job's delta; each NULL when there is none), and products_on / products_off
+   around a thread's work. */
 #ifndef VS_ATTENTION_DRIVER_H
 #define VS_ATTENTION_DRIVER_H
 
@@ -45,7 +46,7 @@ typedef struct {
     const int64_t *st;
     int64_t h, nq, nk, d;
     float c, scale;
-    int64_t floats;    /* float32 scratch per thread beyond scratch_t, for the backward (0: none) */
+    int64_t floats;    /* float32 scratch per thread beyond scratch_t (0: none) */
 } job_t;
 
 /* This thread's buffer of at least n floats, kept and grown from call to call; NULL when out of memory. */
@@ -86,7 +87,8 @@ static void forward_head(const job_t *j, int64_t bh, scratch_t *w)
 {
     const int64_t bi = bh / j->h, hi = bh % j->h;
     head_forward(AT(j->in[0], 0), ROW(0), AT(j->in[1], 1), ROW(1), AT(j->in[2], 2), ROW(2), AT(j->out[0], 3), ROW(3),
-                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w);
+                 j->lse ? j->lse + bh * j->nq : NULL, (int)j->nq, (int)j->nk, (int)j->d, j->c, w,
+                 j->floats ? thread_floats(j->floats) : NULL);
 }
 
 static void backward_head(const job_t *j, int64_t bh, scratch_t *w)

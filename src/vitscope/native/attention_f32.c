@@ -98,8 +98,10 @@ typedef struct {
 
 /* o = softmax(scale q k^T) v for one (batch, head); with lse, each query's log2-sum-exp2 (c = scale log2 e). */
 static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
-                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w,
+                         float *floats)
 {
+    (void)floats;  /* at most MAXK keys: the scratch holds everything */
     const int njv = (nk + 15) / 16, lk = njv * 16;
     const __m512 cs = _mm512_set1_ps(c);
     transpose_pad(k, sk, nk, d, lk, w->kt);

@@ -18,8 +18,6 @@
 #include "tile_avx2.h"
 #include "touch.h"
 
-static float *thread_floats(int64_t n);  /* attention_driver.h: this thread's buffer, kept between calls */
-
 #define MAXK 256
 #define MAXD 128
 #define QBLOCK 30  /* queries whose scores the forward holds at a time: 5 tiles of 6 rows (32 left 2-row tiles) */
@@ -111,8 +109,10 @@ static inline __attribute__((always_inline)) float row_weights(float *sr, int n,
 
 /* o = softmax(scale q k^T) v for one (batch, head); with lse, each query's log2-sum-exp2 (c = scale log2 e). */
 static void head_forward_short(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
-                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w,
+                         float *floats)
 {
+    (void)floats;  /* at most MAXK keys: the scratch holds everything */
     const int njv = (nk + 7) / 8, lk = njv * 8;
     const __m256 cs = _mm256_set1_ps(c);
     transpose_panels(k, sk, nk, d, lk, w->kt);
@@ -152,17 +152,19 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
    maximum and sum of weights and its unnormalised output (w->acc, rows of d floats) are carried from key
    block to key block: a block's weights are taken against the maximum so far, and what was accumulated
    is rescaled by exp2(old max - new max) where the maximum grows. The head's keys (transposed, block by
-   block) and values (packed) are laid out once, in the thread's buffer of floats, and read by every chunk
-   (without the buffer, each chunk lays out each block again in the scratch: 1.1x the time at 4097 keys);
-   a block's scores are taken QBLOCK queries at a time, as the short forward's. */
+   block) and values are laid out in panels once, in `laid` (long_floats(nk, d) floats: the keys' blocks,
+   then the values'), and read by every chunk (laid out again for each chunk they took 1.05x the time at
+   1025-4097 keys); a block's scores are taken QBLOCK queries at a time, as the short forward's. */
+static int64_t long_floats(int64_t nk, int64_t d) { return 2 * ((nk + MAXK - 1) / MAXK) * MAXK * d; }
+
 static void head_forward_long(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
-                              float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+                              float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w,
+                              float *laid)
 {
     const __m256 cs = _mm256_set1_ps(c);
     const int blocks = (nk + MAXK - 1) / MAXK;
     const int64_t per_block = (int64_t)MAXK * d;  /* floats of a block's keys, and of its values */
-    float *laid = nq > QCHUNK ? thread_floats(2 * blocks * per_block) : NULL;  /* keys' blocks, then values' */
-    for (int b = 0; laid && b < blocks; b++) {
+    for (int b = 0; b < blocks; b++) {
         const int j0 = b * MAXK, kn = nk - j0 < MAXK ? nk - j0 : MAXK;
         transpose_panels(k + (int64_t)j0 * sk, sk, kn, d, (kn + 7) / 8 * 8, laid + b * per_block);
         pack_panels(v + (int64_t)j0 * sv, sv, kn, d, laid + (blocks + b) * per_block);
@@ -176,14 +178,7 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
         }
         for (int j0 = 0; j0 < nk; j0 += MAXK) {
             const int kn = nk - j0 < MAXK ? nk - j0 : MAXK, njv = (kn + 7) / 8, lk = njv * 8;
-            const float *kt = w->kt, *vt = w->vt;
-            if (laid) {
-                kt = laid + (j0 / MAXK) * per_block;
-                vt = laid + (blocks + j0 / MAXK) * per_block;
-            } else {
-                transpose_panels(k + (int64_t)j0 * sk, sk, kn, d, lk, w->kt);
-                pack_panels(v + (int64_t)j0 * sv, sv, kn, d, w->vt);
-            }
+            const float *kt = laid + (j0 / MAXK) * per_block, *vt = laid + (blocks + j0 / MAXK) * per_block;
             for (int i0 = 0; i0 < cn; i0 += QBLOCK) {
                 const int rows = cn - i0 < QBLOCK ? cn - i0 : QBLOCK;
                 float *s = w->s, *acc = w->acc + (int64_t)i0 * d;
@@ -215,11 +210,13 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
     }
 }
 
-/* o = softmax(scale q k^T) v for one (batch, head), any number of keys. */
+/* o = softmax(scale q k^T) v for one (batch, head), any number of keys; past MAXK, `floats` holds
+   long_floats(nk, d). */
 static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk, const float *v, int64_t sv,
-                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w)
+                         float *o, int64_t so, float *lse, int nq, int nk, int d, float c, scratch_t *w,
+                         float *floats)
 {
-    (nk > MAXK ? head_forward_long : head_forward_short)(q, sq, k, sk, v, sv, o, so, lse, nq, nk, d, c, w);
+    (nk > MAXK ? head_forward_long : head_forward_short)(q, sq, k, sk, v, sv, o, so, lse, nq, nk, d, c, w, floats);
 }
 
 /* The gradients of one (batch, head) from its output's gradient g (nq, d), as attention_f32.c: with
@@ -337,7 +334,7 @@ int vs_attention_f32_avx2_fwd(const float *q, const float *k, const float *v, fl
 {
     if (!shape_ok(b, h, nq, nk, d, threads, INT32_MAX, INT32_MAX)) return -1;
     const job_t j = {{q, k, v, NULL}, {o, NULL, NULL}, lse, NULL, st, h, nq, nk, d, scale * 1.4426950408889634f,
-                     scale, 0};
+                     scale, nk > MAXK ? long_floats(nk, d) : 0};
     return each_head(&j, b, threads, forward_head);
 }
 
