@@ -221,7 +221,7 @@ static void head_forward_short(const uint16_t *q, int64_t sq, const uint16_t *k,
     const __m512 cs = _mm512_set1_ps(c);
     pack_transposed(k, sk, nk, d, w->kt);
     pack_pairs(v, sv, nk, d, w->kp);
-    touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
+    touch_t *const tp = touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
     /* Up to MAXK queries at a time: first their weights (unnormalised, bfloat16, rows of lk), then the
        product with v in its own pass, so each pass's packed operand stays in L1. */
     for (int c0 = 0; c0 < nq; c0 += MAXK) {
@@ -237,7 +237,7 @@ static void head_forward_short(const uint16_t *q, int64_t sq, const uint16_t *k,
             for (int r = 0; r < rows; r++) {
                 float *sr = s + r * MAXK;
                 const float mx = row_max(sr, nk, c);
-                touch_step();
+                touch_step(tp);
                 w->mx[r] = mx;
                 w->sum[r] = weights_row(sr, njb, nk, cs, mx, w->p + (int64_t)(i0 + r) * lk);
             }
@@ -265,7 +265,7 @@ static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, 
     const int ndb = d / 16;
     float *s = w->s;
     const __m512 cs = _mm512_set1_ps(c);
-    touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
+    touch_t *const tp = touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
     for (int c0 = 0; c0 < nq; c0 += MAXK) {
         const int cn = nq - c0 < MAXK ? nq - c0 : MAXK;
         const uint16_t *qc = q + (int64_t)c0 * sq;
@@ -288,7 +288,7 @@ static void head_forward_long(const uint16_t *q, int64_t sq, const uint16_t *k, 
                     float *sr = s + r * MAXK;
                     uint16_t *pr = w->p + (int64_t)(i0 + r) * lk;
                     const float old = w->mx[i0 + r], block = row_max(sr, kn, c);
-                    touch_step();
+                    touch_step(tp);
                     const float mx = old > block ? old : block;
                     const float total = weights_row(sr, njb, kn, cs, mx, pr);
                     const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
@@ -353,7 +353,7 @@ static void head_backward_short(const uint16_t *q, int64_t sq, const uint16_t *k
     pack_pairs(q, sq, nq, d, w->qp);
     pack_pairs(g, sg, nq, d, w->dop);
     const __m512 cs = _mm512_set1_ps(c), sc = _mm512_set1_ps(scale);
-    touch_plan(nq);
+    touch_t *const tp = touch_plan(nq);
     for (int i0 = 0; i0 < lq; i0 += 16) {
         uint16_t *p = w->p + (int64_t)i0 * lk, *dsm = w->dsm + (int64_t)i0 * lk;
         const int rows = block_scores(q, sq, g, sg, i0, nq, njb, d, lk, 1, w);
@@ -363,7 +363,7 @@ static void head_backward_short(const uint16_t *q, int64_t sq, const uint16_t *k
                rounded output, where dP - delta cancels. */
             float *sr = s + r * MAXK, *dpr = dp + r * MAXK;
             const __m512 l = _mm512_set1_ps(lse[i0 + r]);
-            touch_step();
+            touch_step(tp);
             __m512 acc = _mm512_setzero_ps();
             for (int jv = 0; jv < njb; jv++) {
                 __m512 pr = _mm512_maskz_mov_ps(lanes(nk, jv), exp2_quick_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));
@@ -412,7 +412,7 @@ static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k,
         memcpy(delta, given, (size_t)nq * sizeof(float));
     else
         memset(delta, 0, (size_t)nq * sizeof(float));
-    touch_plan((int64_t)(given ? 1 : 2) * ((nk + MAXK - 1) / MAXK) * nq);
+    touch_t *const tp = touch_plan((int64_t)(given ? 1 : 2) * ((nk + MAXK - 1) / MAXK) * nq);
     for (int pass = given ? 1 : 0; pass < 2; pass++)
         for (int j0 = 0; j0 < nk; j0 += MAXK) {
             const int kn = nk - j0 < MAXK ? nk - j0 : MAXK;
@@ -439,7 +439,7 @@ static void head_backward_long(const uint16_t *q, int64_t sq, const uint16_t *k,
                     for (int r = 0; r < rows; r++) {
                         const float *sr = s + r * MAXK, *dpr = dp + r * MAXK;
                         const __m512 l = _mm512_set1_ps(lse[c0 + i0 + r]), dl = _mm512_set1_ps(delta[c0 + i0 + r]);
-                        touch_step();
+                        touch_step(tp);
                         __m512 acc = _mm512_setzero_ps();
                         for (int jv = 0; jv < njb; jv++) {
                             const __m512 pr = _mm512_maskz_mov_ps(lanes(kn, jv), exp2_quick_ps(_mm512_fmsub_ps(_mm512_load_ps(sr + jv * 16), cs, l)));

@@ -105,7 +105,7 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
     const int njv = (nk + 15) / 16, lk = njv * 16;
     const __m512 cs = _mm512_set1_ps(c);
     transpose_pad(k, sk, nk, d, lk, w->kt);
-    touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
+    touch_t *const tp = touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
     for (int i0 = 0; i0 < nq; i0 += QBLOCK) {
         const int rows = nq - i0 < QBLOCK ? nq - i0 : QBLOCK;
         float *s = w->s;
@@ -113,7 +113,7 @@ static void head_forward(const float *q, int64_t sq, const float *k, int64_t sk,
         for (int r = 0; r < rows; r++) {
             float *sr = s + (int64_t)r * lk;
             __m512 m = _mm512_set1_ps(-INFINITY);
-            touch_step();
+            touch_step(tp);
             for (int jv = 0; jv < njv; jv++) {
                 const __m512 x = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), lanes(nk, jv), _mm512_loadu_ps(sr + jv * 16), cs);
                 _mm512_storeu_ps(sr + jv * 16, x);
@@ -158,10 +158,10 @@ static void head_backward(const float *q, int64_t sq, const float *k, int64_t sk
     transpose_pad(v, sv, nk, d, lk, w->vt);
     gemm(nq, njv, d, q, sq, 1, w->kt, lk, p, lk);   /* scores */
     gemm(nq, njv, d, g, sg, 1, w->vt, lk, dp, lk);  /* dP = g v^T */
-    touch_plan(nq);
+    touch_t *const tp = touch_plan(nq);
     for (int i = 0; i < nq; i++) {
         float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
-        touch_step();
+        touch_step(tp);
         const __m512 l = _mm512_set1_ps(lse[i]);
         __m512 acc = _mm512_setzero_ps();
         for (int jv = 0; jv < njv; jv++) {

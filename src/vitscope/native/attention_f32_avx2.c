@@ -117,13 +117,13 @@ static void head_forward_short(const float *q, int64_t sq, const float *k, int64
     const __m256 cs = _mm256_set1_ps(c);
     transpose_panels(k, sk, nk, d, lk, w->kt);
     pack_panels(v, sv, nk, d, w->vt);
-    touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
+    touch_t *const tp = touch_plan(nq);  /* the next head's rows, a few lines with each query's softmax (touch.h) */
     for (int i0 = 0; i0 < nq; i0 += QBLOCK) {
         const int rows = nq - i0 < QBLOCK ? nq - i0 : QBLOCK;
         float *s = w->s;
         gemm_panels(rows, njv, d, q + (int64_t)i0 * sq, sq, 1, w->kt, s, lk, 0);  /* scores, rows x lk */
         for (int r = 0; r < rows; r++) {  /* unnormalised weights exp2(c s - c max s); o is scaled after P v */
-            touch_step();
+            touch_step(tp);
             w->sum[r] = row_weights(s + (int64_t)r * lk, nk, cs, c, -INFINITY, &w->mx[r]);
         }
         if (lse)  /* the block's log-sum-exps at once, off the rows' chain of reductions */
@@ -169,7 +169,7 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
         transpose_panels(k + (int64_t)j0 * sk, sk, kn, d, (kn + 7) / 8 * 8, laid + b * per_block);
         pack_panels(v + (int64_t)j0 * sv, sv, kn, d, laid + (blocks + b) * per_block);
     }
-    touch_plan((int64_t)nq * blocks);
+    touch_t *const tp = touch_plan((int64_t)nq * blocks);
     for (int c0 = 0; c0 < nq; c0 += QCHUNK) {
         const int cn = nq - c0 < QCHUNK ? nq - c0 : QCHUNK;
         for (int r = 0; r < cn; r++) {
@@ -186,7 +186,7 @@ static void head_forward_long(const float *q, int64_t sq, const float *k, int64_
                 for (int r = 0; r < rows; r++) {
                     const float old = w->mx[i0 + r];
                     float mx;
-                    touch_step();
+                    touch_step(tp);
                     const float total = row_weights(s + (int64_t)r * lk, kn, cs, c, old, &mx);
                     const float alpha = old == -INFINITY ? 0.0f : exp2f(old - mx);
                     w->sum[i0 + r] = w->sum[i0 + r] * alpha + total;
@@ -235,10 +235,10 @@ static void head_backward_short(const float *q, int64_t sq, const float *k, int6
     transpose_panels(v, sv, nk, d, lk, w->vt);
     gemm_panels(nq, njv, d, q, sq, 1, w->kt, p, lk, 0);   /* scores */
     gemm_panels(nq, njv, d, g, sg, 1, w->vt, dp, lk, 0);  /* dP = g v^T */
-    touch_plan(nq);
+    touch_t *const tp = touch_plan(nq);
     for (int i = 0; i < nq; i++) {
         float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
-        touch_step();
+        touch_step(tp);
         const __m256 l = _mm256_set1_ps(lse[i]);
         __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* 16 partial sums, as attention_f32.c's */
         for (int jv = 0; jv < njv; jv++) {
@@ -273,7 +273,7 @@ static void head_backward_long(const float *q, int64_t sq, const float *k, int64
     const int nd = d / 8;
     float *p = w->s, *dp = w->dp;
     const __m256 cs = _mm256_set1_ps(c), sc = _mm256_set1_ps(scale);
-    touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
+    touch_t *const tp = touch_plan((int64_t)nq * ((nk + MAXK - 1) / MAXK));
     for (int j0 = 0; j0 < nk; j0 += MAXK) {
         const int kn = nk - j0 < MAXK ? nk - j0 : MAXK, njv = (kn + 7) / 8, lk = njv * 8;
         const float *kb = k + (int64_t)j0 * sk;
@@ -287,7 +287,7 @@ static void head_backward_long(const float *q, int64_t sq, const float *k, int64
             gemm_panels(cn, njv, d, gc, sg, 1, w->vt, dp, lk, 0);  /* dP = g v^T */
             for (int i = 0; i < cn; i++) {
                 float *pr = p + (int64_t)i * lk, *dpr = dp + (int64_t)i * lk;
-                touch_step();
+                touch_step(tp);
                 const __m256 l = _mm256_set1_ps(lse[c0 + i]), dl = _mm256_set1_ps(delta[c0 + i]);
                 for (int jv = 0; jv < njv; jv++) {
                     const __m256 pv = _mm256_and_ps(lanes8(kn - jv * 8),
