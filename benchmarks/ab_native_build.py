@@ -3,6 +3,8 @@
     python benchmarks/ab_native_build.py --ref HEAD --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_native_build.py --ref HEAD~3 --inference --model vit_small_patch16_224 --batch 64
     python benchmarks/ab_native_build.py --ref HEAD --attention 256 50 4 32 --rounds 10 --steps 20
+    python benchmarks/ab_native_build.py --ref HEAD --ref-flags "-O3 -fPIC -fopenmp -std=gnu11" \
+        --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --dtype float32   # the compiler's flags
 
 A change to vitscope/native/ is measured against the commit before it: that commit's kernel sources
 (`git show REF:src/vitscope/native/...`) are built beside the working tree's, both libraries are
@@ -16,6 +18,9 @@ host's speed drifts by 10-20% over minutes, more than most kernel changes are wo
 float32`), as a ViT's layer calls them (vitscope.short_attention on one fused qkv projection's output,
 (B, N, 3·H·D)): the forward with its log-sum-exps, and the backward, each in milliseconds per call,
 alternating between the two builds.
+
+`--ref-flags` builds the ref's sources with other compiler flags than vitscope.native.FLAGS (its
+instruction sets' flags are added as ever): with `--ref HEAD` the same code compiled two ways.
 """
 
 from __future__ import annotations
@@ -135,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     ab.add_model_sets(ap)
     ap.add_argument("--ref", default="HEAD", help="the commit whose kernels are B (default HEAD)")
     ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
+    ap.add_argument("--ref-flags", metavar="FLAGS",
+                    help="compile the ref's kernels with these flags instead of vitscope.native.FLAGS (quoted, "
+                         "space-separated): the same sources with other flags, with --ref HEAD")
     ap.add_argument("--attention", type=int, nargs=4, metavar=("B", "N", "H", "D"),
                     help="time the attention kernels alone (in --dtype) on a (B, N, 3·H·D) qkv instead of a model")
     args = ap.parse_args(argv)
@@ -150,7 +158,13 @@ def main(argv: list[str] | None = None) -> None:
                      "or lack them; the Python side calling them is the working tree's. For such a ref, run "
                      "this script from a worktree at a commit with the ref's signatures, with "
                      "PYTHONPATH=<worktree>/src")
-        theirs = load_from(folder)
+        flags = native.FLAGS
+        if args.ref_flags is not None:
+            native.FLAGS = args.ref_flags.split()
+        try:
+            theirs = load_from(folder)
+        finally:
+            native.FLAGS = flags
     if args.attention:
         attention(args, ours, theirs)
         return
