@@ -39,6 +39,17 @@ def test_build_caches_by_source_and_reports_compiler_errors(tmp_path):
     assert not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")]  # no half-written files
 
 
+def test_loop_alignment_only_for_gcc():
+    """GCC (named gcc, or cc with the Free Software Foundation's notice) gets every flag; clang, which took
+    -falign-loops only from version 13, goes without it and keeps the rest."""
+    gcc = native._flags(["gcc (GCC) 13.2.0", "Copyright (C) 2023 Free Software Foundation, Inc."])
+    debian_cc = native._flags(["cc (Debian 12.2.0-14) 12.2.0", "Copyright (C) 2022 Free Software Foundation, Inc."])
+    clang = native._flags(["Debian clang version 12.0.1", "Target: x86_64-pc-linux-gnu"])
+    assert gcc == debian_cc == native.FLAGS
+    assert "-falign-loops=32" in gcc and "-falign-loops=32" not in clang
+    assert clang == [f for f in native.FLAGS if f != "-falign-loops=32"]
+
+
 def test_build_without_a_compiler(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "compiler", lambda: None)
     with pytest.raises(RuntimeError, match="no C compiler"):

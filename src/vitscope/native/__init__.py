@@ -61,8 +61,9 @@ SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "atte
 # Functions and loops start on 32-byte boundaries. GCC's generic tuning aligns loops to 16 bytes at most,
 # so where a product's inner loop started, relative to the 32- and 64-byte windows the core fetches and
 # caches its decoded instructions in, moved with every change to any source before it in the library:
-# on a 2-core Zen 3 EPYC the float32 training steps ran 1.07x (the plain 28x28 ViT) and 1.07-1.09x
-# (ViT-S/16) as fast with them, in one process beside a build without (benchmarks/RESULTS.md, session 40).
+# on a 2-core Zen 3 EPYC float32 training ran 1.06-1.07x (the plain 28x28 ViT) and 1.05-1.09x (ViT-S/16)
+# as fast with them and ViT-S/16 inference 1.07x, in one process beside a build without
+# (benchmarks/ab_native_build.py --ref-flags; benchmarks/RESULTS.md, session 40).
 FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11", "-falign-functions=32", "-falign-loops=32"]
 
 _reason: str | None = None
