@@ -150,4 +150,48 @@ def test_tuple_fields_take_space_separated_numbers_and_show_in_help(capsys):
     assert cfg.augment.rrc_scale == (0.5, 1.0)
     with pytest.raises(SystemExit):
         main(["train", "--help"])
-    assert "--betas 0.9 0.999" in " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--betas X [X ...] AdamW's betas (default: 0.9 0.999)" in out
+
+
+def test_every_train_flag_says_what_it_does_and_its_default():
+    """Each field of TrainConfig and TrainTransform carries its help; `vitscope train --help` shows it with
+    the value the flag's absence leaves: the fmnist_quick preset's, not the dataclass's."""
+    import argparse
+    import dataclasses
+
+    from vitscope.cli import _shown, build_parser
+    from vitscope.data.transforms import TrainTransform
+    from vitscope.recipes import get_recipe
+    from vitscope.train import TrainConfig
+
+    for cls in (TrainConfig, TrainTransform):
+        assert all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices["train"]._actions}
+    quick = get_recipe("fmnist_quick")
+    fields = [(f.name, getattr(quick, f.name)) for f in dataclasses.fields(TrainConfig)]
+    fields += [("aug_" + f.name, getattr(quick.augment, f.name)) for f in dataclasses.fields(TrainTransform)]
+    flagged = [(dest, value) for dest, value in fields if dest in actions]
+    assert len(flagged) == len(fields) - 2  # model_args (--set) and augment (--aug-*) have no flag of their own
+    for dest, value in flagged:
+        text = actions[dest].help
+        assert text.endswith(f"(default: {_shown(value)})") and not text.startswith("default"), dest
+        assert "%" not in text.replace("%%", ""), dest  # argparse would fail formatting it
+    assert quick.epochs != TrainConfig().epochs
+    assert actions["epochs"].help.endswith(f"(default: {quick.epochs})")
+    assert actions["eval_flip"].help.endswith("(default: true)")
+    assert actions["clip_grad"].help.endswith(f"(default: {quick.clip_grad})")
+    assert actions["ema_decay"].help.endswith("(default: none)")
+    assert actions["aug_crop"].help.endswith(f"(default: {quick.augment.crop})")
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from vitscope.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.option_strings[-1]}" for name, p in sub.choices.items() for a in p._actions
+               if a.option_strings and not a.help]
+    assert not missing, missing

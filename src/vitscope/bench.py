@@ -266,12 +266,13 @@ def add_bench_parser(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="vit_tiny_patch4_28", help="a preset (`vitscope models`)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a model field")
-    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--batch", type=int, default=128, help="images a step (default: 128)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="bfloat16: under bfloat16 autocast; float32: without; auto (default): bfloat16 where the "
                         "device multiplies it natively, else float32 (as `vitscope train` picks)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5,
+                   help="timed rounds, the variants taking turns in each; medians reported (default: 5)")
     p.add_argument("--steps", type=int, default=5, help="steps per round and variant")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     p.set_defaults(run=run_bench)

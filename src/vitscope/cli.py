@@ -75,14 +75,22 @@ def _field_default(f: dataclasses.Field):
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
-def _numbers_help(flag: str, default) -> str:
-    if default is None:
-        return "numbers separated by spaces (default: chosen from the data)"
-    return f"numbers separated by spaces (default: {flag} {' '.join(str(v) for v in default)})"
+def _shown(value) -> str:
+    """A default as its flag takes it: none, true/false, numbers separated by spaces."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return " ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", dest_prefix: str = "") -> None:
-    """One flag per dataclass field (`--lr`, `--aug-policy`, ...), defaulting to 'not given'."""
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", dest_prefix: str = "",
+                        defaults=None) -> None:
+    """One flag per dataclass field (`--lr`, `--aug-policy`, ...), defaulting to 'not given'. Each flag's
+    help is its field's `metadata["help"]`, with the field's value in `defaults` (an instance of `cls`:
+    what the flag's absence leaves), or else the field's own default."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         kind, choices, optional = _field_type(hints[f.name])
@@ -90,20 +98,23 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
         dest = dest_prefix + f.name
         if kind is None:
             continue
+        default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
+        text = f.metadata.get("help", "")
+        text = f"{text} (default: {_shown(default)})" if text else f"default: {_shown(default)}"
+        text = text.replace("%", "%%")  # argparse formats help with %
         if kind == "tuple":
-            parser.add_argument(flag, dest=dest, type=float, nargs="+", default=None, metavar="X",
-                                help=_numbers_help(flag, _field_default(f)))
+            parser.add_argument(flag, dest=dest, type=float, nargs="+", default=None, metavar="X", help=text)
         elif kind is bool:
-            parser.add_argument(flag, dest=dest, type=_bool, default=None, metavar="{true,false}")
+            parser.add_argument(flag, dest=dest, type=_bool, default=None, metavar="{true,false}", help=text)
         else:
             parser.add_argument(flag, dest=dest, type=_none_or(kind) if optional else kind, choices=choices,
-                                default=None, metavar="none|" + kind.__name__ if optional else None)
+                                default=None, metavar="none|" + kind.__name__ if optional else None, help=text)
 
 
 # -- train -------------------------------------------------------------------------------------------
 def add_train_parser(sub) -> None:
     from vitscope.data.transforms import TrainTransform
-    from vitscope.recipes import list_recipes
+    from vitscope.recipes import get_recipe, list_recipes
     from vitscope.train import TrainConfig
 
     p = sub.add_parser("train", help="train a ViT (a preset or a config file; flags override any field)",
@@ -116,10 +127,13 @@ def add_train_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model field, e.g. --set depth=8 --set drop_path_rate=0.1")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g = p.add_argument_group("training fields (TrainConfig)")
-    add_dataclass_flags(g, TrainConfig)
+    quick = get_recipe("fmnist_quick")
+    g = p.add_argument_group("training fields (TrainConfig)",
+                             "Each overrides the preset's or config's value; the defaults shown are the "
+                             "fmnist_quick preset's, which trains when no --preset or --config is given.")
+    add_dataclass_flags(g, TrainConfig, defaults=quick)
     a = p.add_argument_group("augmentation fields (TrainTransform)")
-    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_")
+    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_", defaults=quick.augment)
     p.set_defaults(run=run_train)
 
 
@@ -199,8 +213,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("checkpoint", help="run directory or .safetensors file")
     p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
     p.add_argument("--data-dir", help="where the dataset's files are")
-    p.add_argument("--split", default="test")
-    p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--split", default="test", help="the split evaluated (default: test)")
+    p.add_argument("--batch-size", type=int, default=500, help="images a forward (default: 500)")
     p.add_argument("--flip", action="store_true",
                    help="test-time augmentation: average the logits of each image and its mirror image "
                         "(runs trained with eval_flip, like the fmnist_best preset, report this accuracy)")
@@ -268,7 +282,7 @@ def add_predict_parser(sub) -> None:
                        description="Predict labels for image files (PNG, JPEG, ...) or every image in a folder.")
     p.add_argument("checkpoint", help="run directory or .safetensors file")
     p.add_argument("images", nargs="+", type=Path, help="image files or folders")
-    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--top-k", type=int, default=3, help="labels shown per image, most likely first (default: 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run_predict)
 

@@ -43,38 +43,53 @@ from vitscope.optim import OptimizerName, build_optimizer
 class TrainConfig:
     """A training run, resolved. Saved as config.json in the run directory."""
 
-    model: str = "vit_fmnist_quick"
-    model_args: dict = field(default_factory=dict)  # ViTConfig overrides, e.g. {"depth": 8}
-    dataset: str = "fashion_mnist"
-    data_dir: str | None = None
-    image_size: int | None = None  # for image folders / Pets
-    eval_split: str = "test"
-    epochs: int = 10
-    batch_size: int = 256  # global, over all processes
-    eval_batch_size: int = 1000
-    optimizer: OptimizerName = "adamw"  # "muon": Muon on the hidden matrices, AdamW on the rest (optim.py)
-    lr: float = 2e-3
-    min_lr: float = 1e-5
-    weight_decay: float = 0.05
-    warmup_epochs: float = 1.0
-    label_smoothing: float = 0.1
-    clip_grad: float | None = 1.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    amp: Literal["auto", "bf16", "fp32"] = "auto"
-    compile: bool = False
-    ema_decay: float | None = None
-    eval_flip: bool = False  # evaluate on each test image and its mirror image, logits averaged
-    final_eval_shift: int = 0  # the final evaluation also averages each image moved this many pixels
-    #                            left, right, up and down (with eval_flip: 10 views); epochs stay cheap
-    augment: TrainTransform = field(default_factory=TrainTransform)
-    seed: int = 0
-    device: str = "auto"
-    threads: int | None = None
+    # Each field's help is its `vitscope train --help` line (HfArgumentParser reads the same metadata).
+    model: str = field(default="vit_fmnist_quick", metadata={"help": "a model preset (`vitscope models` lists them)"})
+    model_args: dict = field(default_factory=dict, metadata={"help": "ViTConfig overrides, e.g. {'depth': 8}"})
+    dataset: str = field(default="fashion_mnist", metadata={
+        "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "where the dataset's files are; none: its usual places, downloading what is missing"})
+    image_size: int | None = field(default=None, metadata={
+        "help": "resize to this many pixels a side (image folders, Pets); none: the dataset's own size"})
+    eval_split: str = field(default="test", metadata={"help": "the split evaluated after each epoch"})
+    epochs: int = field(default=10, metadata={"help": "passes over the training split"})
+    batch_size: int = field(default=256, metadata={"help": "images a step, over all processes together"})
+    eval_batch_size: int = field(default=1000, metadata={"help": "images a forward when evaluating"})
+    optimizer: OptimizerName = field(default="adamw", metadata={
+        "help": "adamw, or muon: Muon on the hidden matrices and AdamW on the rest (optim.py)"})
+    lr: float = field(default=2e-3, metadata={"help": "the peak learning rate, reached at the warm-up's end"})
+    min_lr: float = field(default=1e-5, metadata={"help": "the learning rate the cosine decay ends at"})
+    weight_decay: float = field(default=0.05, metadata={"help": "decoupled weight decay, on weight matrices only"})
+    warmup_epochs: float = field(default=1.0, metadata={"help": "epochs of linear warm-up from 0 to --lr"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "label smoothing of the targets, 0 for none"})
+    clip_grad: float | None = field(default=1.0, metadata={
+        "help": "clip the gradients' global norm to this; none: no clipping"})
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's betas"})
+    amp: Literal["auto", "bf16", "fp32"] = field(default="auto", metadata={
+        "help": "bf16: bfloat16 autocast; auto: bf16 where the device multiplies bfloat16 natively (GPUs, "
+                "AVX-512 BF16 and AMX CPUs), fp32 elsewhere"})
+    compile: bool = field(default=False, metadata={"help": "train through torch.compile"})
+    ema_decay: float | None = field(default=None, metadata={
+        "help": "evaluate a moving average of the weights with this decay, e.g. 0.999; none: off"})
+    eval_flip: bool = field(default=False, metadata={
+        "help": "evaluate each test image and its mirror image, logits averaged"})
+    final_eval_shift: int = field(default=0, metadata={
+        "help": "the final evaluation also averages each image moved this many pixels left, right, up and "
+                "down (with --eval-flip: 10 views); epochs stay cheap"})
+    augment: TrainTransform = field(default_factory=TrainTransform, metadata={
+        "help": "the training augmentation (the --aug-* flags)"})
+    seed: int = field(default=0, metadata={"help": "seeds the weights, the data order and every augmentation"})
+    device: str = field(default="auto", metadata={
+        "help": "auto (cuda if there is one, else cpu), cpu, cuda, cuda:1, ..."})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads; none: torch's default"})
     # CPU runs: freed tensors stay in the process for the next step (vitscope.allocator). Measured in
     # this loop: 2% more images/s and 3-5% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
     # plain 28x28 ViT); so off unless asked for. eval/predict/explain always keep it (1.5x there).
-    keep_freed_memory: bool = False
-    explain_images: int = 6  # test images put in the attention explorer at the end (0: none)
+    keep_freed_memory: bool = field(default=False, metadata={
+        "help": "CPU: keep freed memory in the process for the next step (2% faster, ~50% more memory)"})
+    explain_images: int = field(default=6, metadata={
+        "help": "test images put in the attention explorer at the end (0: no explorer)"})
 
     def __post_init__(self):
         if isinstance(self.augment, dict):

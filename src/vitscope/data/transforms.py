@@ -277,21 +277,32 @@ class TrainTransform:
     `mean`/`std` are the training split's (`for_dataset(ds)` sets them). Mixing needs the labels,
     so it is the separate step `mix`."""
 
-    crop: Literal["pad", "rrc", "none"] = "pad"
-    pad: int = 2
-    pad_mode: Literal["reflect", "zero"] = "reflect"
-    rrc_scale: tuple[float, float] = (0.35, 1.0)  # torchvision's 0.08 leaves too little of a 28x28 image
-    rrc_ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: bool = True
-    policy: Literal["none", "trivial", "randaug"] = "none"
-    randaug_ops: int = 2
-    randaug_magnitude: int = 9
-    erase_p: float = 0.0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    mix_prob: float = 1.0
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    # Each field's help is its `vitscope train --help` line, under --aug-<field>.
+    crop: Literal["pad", "rrc", "none"] = dataclasses.field(default="pad", metadata={
+        "help": "pad: pad and crop back at a random place; rrc: random resized crop; none"})
+    pad: int = dataclasses.field(default=2, metadata={"help": "pixels of padding a side, for --aug-crop pad"})
+    pad_mode: Literal["reflect", "zero"] = dataclasses.field(default="reflect", metadata={
+        "help": "what the padding holds: the image reflected, or zeros"})
+    # torchvision's 0.08 leaves too little of a 28x28 image
+    rrc_scale: tuple[float, float] = dataclasses.field(default=(0.35, 1.0), metadata={
+        "help": "random resized crop: the range of the crop's share of the image's area"})
+    rrc_ratio: tuple[float, float] = dataclasses.field(default=(3 / 4, 4 / 3), metadata={
+        "help": "random resized crop: the range of the crop's width over its height"})
+    flip: bool = dataclasses.field(default=True, metadata={"help": "mirror half the images left to right"})
+    policy: Literal["none", "trivial", "randaug"] = dataclasses.field(default="none", metadata={
+        "help": "an augmentation policy: TrivialAugment or RandAugment"})
+    randaug_ops: int = dataclasses.field(default=2, metadata={"help": "RandAugment's ops an image"})
+    randaug_magnitude: int = dataclasses.field(default=9, metadata={"help": "RandAugment's magnitude, a bin of 0..30"})
+    erase_p: float = dataclasses.field(default=0.0, metadata={
+        "help": "the chance each image has a random rectangle erased (random erasing)"})
+    mixup_alpha: float = dataclasses.field(default=0.0, metadata={"help": "mixup's Beta(alpha, alpha); 0: off"})
+    cutmix_alpha: float = dataclasses.field(default=0.0, metadata={"help": "CutMix's Beta(alpha, alpha); 0: off"})
+    mix_prob: float = dataclasses.field(default=1.0, metadata={
+        "help": "the chance a batch is mixed (mixup or CutMix, half each when both are on)"})
+    mean: tuple[float, ...] | None = dataclasses.field(default=None, metadata={
+        "help": "normalising mean per channel; none: the training split's"})
+    std: tuple[float, ...] | None = dataclasses.field(default=None, metadata={
+        "help": "normalising std per channel; none: the training split's"})
 
     def __post_init__(self) -> None:
         choices = {
