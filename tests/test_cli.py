@@ -99,11 +99,32 @@ def test_models_and_data_list(capsys):
     (["train", "--final-eval-shift", "-1"], "final_eval_shift is a number of pixels"),
     (["eval", "/no/such/run", "--shift", "-2"], "--shift is a number of pixels"),
     (["models", "nothing*"], "no preset matches"),
+    (["train", "--betas", "0.9", "0.98", "0.999"], "betas are AdamW's two"),
+    (["train", "--aug-rrc-scale", "0.5"], "rrc_scale is a range of two positive numbers"),
+    (["train", "--aug-rrc-ratio", "1.3", "0.7"], "rrc_ratio is a range of two positive numbers"),
+    (["train", "--threads", "0"], "threads must be at least 1"),
+    (["train", "--dataset", "digits", "--set", "depth=abc"], "depth must be a whole number, got 'abc'"),
+    (["train", "--dataset", "digits", "--set", "qkv_bias=1"], "qkv_bias must be true or false"),
+    (["train", "--device", "gpu"], "not a device torch knows"),
 ])
 def test_user_errors_are_one_line_with_exit_code_2(argv, expected, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_run_that_cannot_start_leaves_no_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--dataset", "digits", "--model", "no_such_model", "--out", str(out)]) == 2
+    assert "unknown model 'no_such_model'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_says_what_to_do(capsys):
+    assert main(["train", "--dataset", "digits", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cpu" in err and "Traceback" not in err
 
 
 def test_data_the_model_cannot_take(tmp_path, capsys):

@@ -423,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, DataError, NonFiniteLoss, ValueError, FileNotFoundError, KeyError) as e:
         if args.debug:
             raise
-        msg = str(e).strip("'\"") or type(e).__name__
+        # a KeyError's str() is its key's repr; other messages keep their quotes
+        msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
         msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())  # one line
         print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_USAGE

@@ -106,6 +106,10 @@ class TrainConfig:
             raise ValueError(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
         if self.lr <= 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        if len(self.betas) != 2:
+            raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(self.betas)}: {self.betas}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1 (or none for torch's default), got {self.threads}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -142,7 +146,17 @@ class TrainResult:
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device {name!r} is not a device torch knows ({e}); use auto, cpu, cuda or cuda:N") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is a CPU build" if torch.version.cuda is None else "torch finds no CUDA GPU"
+            raise ValueError(f"device {name!r}: {why}; train with --device cpu (or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA GPUs, numbered from 0")
+    return device
 
 
 def compile_options(device: torch.device) -> dict:
@@ -258,8 +272,6 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
         torch.set_num_threads(cfg.threads)
     if device.type == "cpu" and cfg.keep_freed_memory:
         allocator.keep_freed_memory()
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
 
     train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
     eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
@@ -321,7 +333,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 "optimizer": opt.state_dict(), "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
                 "step": step, "best_acc": best_acc, "train_time_s": train_time, "seen": seen})
 
-    if info.is_main and not resume:
+    if info.is_main and not resume:  # made only now that the data and the model are there: a failed start leaves none
+        run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2)))
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 

@@ -7,6 +7,7 @@ prefix tokens (CLS) first, then the patches of an h x w grid in row-major order.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -318,6 +319,7 @@ class ViTConfig:
     stem_act: Literal["gelu", "relu"] = "gelu"  # the stem's activation
 
     def __post_init__(self):
+        self._check_scalar_types()
         if self.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
@@ -332,6 +334,24 @@ class ViTConfig:
         self.stem = [tuple(s) for s in self.stem]
         if self.stem_act not in STEM_ACTS:
             raise ValueError(f"stem_act must be one of {sorted(STEM_ACTS)}, got {self.stem_act!r}")
+
+    def _check_scalar_types(self) -> None:
+        """Numbers and switches of the right kind (`--set depth=abc` or a JSON string otherwise fails deep in
+        the model's construction); an int passes as a float, a bool never as a number."""
+        hints = typing.get_type_hints(type(self))
+        for name, tp in hints.items():
+            args = set(typing.get_args(tp)) or {tp}
+            value = getattr(self, name)
+            if value is None and type(None) in args:
+                continue
+            kinds = [k for k in (bool, int, float) if k in args]
+            if not kinds or not args <= {bool, int, float, type(None)}:
+                continue  # img_size, stem and the Literal strings are checked on their own
+            ok = isinstance(value, bool) if kinds == [bool] else (
+                not isinstance(value, bool) and isinstance(value, (int, float) if float in kinds else int))
+            if not ok:
+                want = {bool: "true or false", int: "a whole number", float: "a number"}[kinds[-1]]
+                raise ValueError(f"{name} must be {want}{' or null' if type(None) in args else ''}, got {value!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -318,6 +318,11 @@ class TrainTransform:
                 raise ValueError(f"{field} is a probability in [0, 1], got {getattr(self, field)}")
         if self.pad < 0 or self.mixup_alpha < 0 or self.cutmix_alpha < 0:
             raise ValueError("pad, mixup_alpha and cutmix_alpha must not be negative")
+        for field in ("rrc_scale", "rrc_ratio"):
+            lo_hi = tuple(getattr(self, field))
+            if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1]:
+                raise ValueError(f"{field} is a range of two positive numbers, low then high, e.g. "
+                                 f"--aug-{field.replace('_', '-')} 0.35 1.0; got {lo_hi}")
 
     def for_dataset(self, dataset) -> TrainTransform:
         return dataclasses.replace(self, mean=tuple(dataset.mean), std=tuple(dataset.std))
