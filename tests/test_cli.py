@@ -69,6 +69,62 @@ def test_predict_table_and_json(run_dir, tmp_path, capsys):
     assert "d0.png" in capsys.readouterr().out
 
 
+def test_predict_skips_a_folders_unreadable_files_but_not_a_named_one(run_dir, tmp_path, capsys):
+    from vitscope.data import load_dataset
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.fromarray(load_dataset("digits", "test").images[0, 0].numpy()).save(folder / "good.png")
+    (folder / "bad.png").write_bytes(b"not an image")
+    (folder / "cut.png").write_bytes((folder / "good.png").read_bytes()[:40])  # a download cut short
+    assert main(["predict", str(run_dir), str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [r["file"] for r in json.loads(captured.out)] == [str(folder / "good.png")]
+    assert "skipped: cannot read" in captured.err and "bad.png" in captured.err and "cut.png" in captured.err
+    assert main(["predict", str(run_dir), str(folder / "bad.png")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    (folder / "good.png").unlink()
+    assert main(["predict", str(run_dir), str(folder)]) == 2
+    assert "no image could be read from the 2 files found" in capsys.readouterr().err
+
+
+def test_eval_refuses_a_dataset_with_other_classes(run_dir, tmp_path, capsys):
+    folder = tmp_path / "shapes"
+    for split in ("train", "test"):
+        for c in ("circle", "square"):
+            (folder / split / c).mkdir(parents=True)
+            for i in range(2):
+                Image.new("L", (8, 8), 40 * i).save(folder / split / c / f"{i}.png")
+    assert main(["eval", str(run_dir), "--dataset", "folder", "--data-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "the checkpoint's classes (0, 1, 2, 3, ... 10 in all, from digits) are not folder's (circle, square)" in err
+
+
+def test_eval_reads_a_folder_of_grayscale_images_as_the_model_does(run_dir, tmp_path, capsys):
+    """A 1-channel model evaluated on an image folder: the files decode to one channel, not RGB."""
+    from vitscope.data import load_dataset
+
+    ds = load_dataset("digits", "test")
+    root = tmp_path / "digit_pngs"
+    for split in ("train", "test"):
+        for i in range(40):
+            label = int(ds.labels[i])
+            (root / split / str(label)).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(ds.images[i, 0].numpy()).save(root / split / str(label) / f"{i}.png")
+    assert main(["eval", str(run_dir), "--dataset", "folder", "--data-dir", str(root), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n"] == 40
+    import torch
+
+    from vitscope.cli import load_for_inference
+    from vitscope.train import evaluate
+
+    model, info = load_for_inference(run_dir)
+    ds.images, ds.labels = ds.images[:40], ds.labels[:40]
+    direct = evaluate(model, ds, info["mean"], info["std"], batch_size=40, device=torch.device("cpu"))
+    assert res["accuracy"] == direct["acc"]  # the same pixels, read from PNG files
+
+
 def test_explain_writes_explorer_and_pictures(run_dir, tmp_path, capsys):
     assert main(["explain", str(run_dir), "--dataset", "digits", "--num", "3", "--importance-samples", "64",
                  "--out", str(tmp_path)]) == 0

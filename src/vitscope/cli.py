@@ -32,6 +32,7 @@ def load_for_inference(path: str | Path):
     c = model.config.in_chans
     info = {
         "classes": json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(model.num_classes)],
+        "named_classes": "classes" in meta,
         "mean": tuple(json.loads(meta["mean"])) if "mean" in meta else (0.5,) * c,
         "std": tuple(json.loads(meta["std"])) if "std" in meta else (0.5,) * c,
         "dataset": meta.get("dataset"),
@@ -229,7 +230,7 @@ def add_eval_parser(sub) -> None:
 def run_eval(args) -> int:
     import torch
 
-    from vitscope.data import load_dataset
+    from vitscope.data import dataset_options, load_dataset
     from vitscope.train import evaluate
 
     if args.shift < 0:
@@ -239,8 +240,15 @@ def run_eval(args) -> int:
     if not name:
         raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
     size = model.config.img_size
-    data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None)
+    # image folders and Pets decode to the channels the model takes (grayscale files to 1, not RGB)
+    extra = {"channels": model.config.in_chans} if "channels" in dataset_options(name) else {}
+    data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None,
+                        **extra)
     _check_images_fit(model, data.images)
+    if info["named_classes"] and list(info["classes"]) != list(data.classes):
+        raise UsageError(f"the checkpoint's classes ({_listed(info['classes'])}, from {info['dataset'] or 'its run'}) "
+                         f"are not {name}'s ({_listed(data.classes)}): its accuracy there would mean nothing; "
+                         f"evaluate on the data it was trained on, with the same class folders")
     res = evaluate(model, data, info["mean"], info["std"], batch_size=args.batch_size,
                    device=torch.device("cpu"), flip=args.flip, shift=args.shift)
     conf = res["confusion"]
@@ -263,6 +271,11 @@ def run_eval(args) -> int:
         for c, acc in per_class.items():
             print(f"  {c:<{width}}  {100 * acc:6.2f}%")
     return 0
+
+
+def _listed(names, most: int = 4) -> str:
+    names = list(names)
+    return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
 
 
 def _check_images_fit(model, images) -> None:
@@ -304,27 +317,53 @@ def _image_files(paths: list[Path]) -> list[Path]:
     return files
 
 
+def _readable_images(files: list[Path], named: set[Path], *, channels: int, size: tuple[int, int]):
+    """(uint8 (B, C, H, W), the files it holds): a file found in a folder that does not decode is named on
+    stderr and skipped, so one bad file does not stop a folder; a file the user named still raises."""
+    import torch
+
+    from vitscope.inspect.images import load_image_files
+
+    try:
+        return load_image_files(files, channels=channels, size=size), files
+    except ValueError:
+        pass
+    xs, kept = [], []
+    for f in files:
+        try:
+            xs.append(load_image_files([f], channels=channels, size=size))
+            kept.append(f)
+        except ValueError as e:
+            if f in named:
+                raise
+            print(f"vitscope predict: skipped: {e}", file=sys.stderr)
+    return (torch.cat(xs) if xs else None), kept
+
+
 def run_predict(args) -> int:
     import torch
 
     from vitscope.data.transforms import eval_transform
-    from vitscope.inspect.images import load_image_files
 
     model, info = load_for_inference(args.checkpoint)
     files = _image_files(args.images)
+    named = {p for p in args.images if p.is_file()}
     size = model.config.img_size
     size = (size, size) if isinstance(size, int) else tuple(size)
     k = max(1, min(args.top_k, len(info["classes"])))
     results = []
     for s in range(0, len(files), 256):
-        chunk = files[s : s + 256]
-        x = load_image_files(chunk, channels=model.config.in_chans, size=size)
+        x, chunk = _readable_images(files[s : s + 256], named, channels=model.config.in_chans, size=size)
+        if not chunk:
+            continue
         with torch.no_grad():
             probs = model(eval_transform(x, info["mean"], info["std"])).softmax(-1)
         top = probs.topk(k, dim=-1)
         for f, pv, iv in zip(chunk, top.values.tolist(), top.indices.tolist()):
             results.append({"file": str(f), "top": [{"label": info["classes"][i], "prob": round(p, 4)}
                                                     for p, i in zip(pv, iv)]})
+    if not results:
+        raise UsageError(f"no image could be read from the {len(files)} files found (each is named above)")
     if args.json:
         print(json.dumps(results, indent=2))
     else:

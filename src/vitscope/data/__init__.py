@@ -86,6 +86,12 @@ def list_datasets() -> list[str]:
     return list(_LOADERS)
 
 
+def dataset_options(name: str) -> set[str]:
+    """The keyword arguments `load_dataset(name, ...)` takes for this dataset, e.g. {'channels', ...} for
+    folder: a model's reader asks for its own channels where the files can give them."""
+    return set(inspect.signature(_check_name(name)).parameters) - {"split"}
+
+
 def _check_name(name: str) -> Callable[..., ImageDataset]:
     if name not in _LOADERS:
         import difflib

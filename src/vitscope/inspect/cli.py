@@ -63,11 +63,14 @@ def _load(path: Path):
 
 
 def _dataset_sample(args, model, n: int):
-    from vitscope.data import load_dataset
+    from vitscope.data import dataset_options, load_dataset
 
     kwargs = {"root": args.data_dir} if args.data_dir else {}
+    h, w = model.patch_embed.img_size
     try:
-        ds = load_dataset(args.dataset, args.split, **kwargs)
+        if "channels" in dataset_options(args.dataset):  # image folders, Pets: decode as the model reads
+            kwargs["channels"] = model.config.in_chans
+        ds = load_dataset(args.dataset, args.split, image_size=h if h == w else None, **kwargs)
     except Exception as e:  # the data layer explains missing or damaged files in its message
         raise ExplainError(f"cannot load dataset {args.dataset!r} ({args.split}): {e}") from e
     if tuple(ds.images.shape[1:]) != (model.config.in_chans, *model.patch_embed.img_size):
