@@ -159,6 +159,25 @@ def test_training_state_round_trip_with_weights_only(tmp_path):
     assert os.listdir(tmp_path) == ["state.pt"]
 
 
+def test_a_file_cut_short_says_so_in_one_error(tmp_path):
+    """A checkpoint copied or downloaded only in part: a ValueError naming the file, not safetensors' or
+    torch's own exception."""
+    whole = save_model(_model(), tmp_path / "whole.safetensors").read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    for n in (0, 5, 200, len(whole) // 2):
+        cut.write_bytes(whole[:n])
+        for load in (load_model, read_metadata, lambda p: load_weights(_model(), p)):
+            with pytest.raises(ValueError, match=r"cut\.safetensors cannot be read \(.+\): the file is cut short"):
+                load(cut)
+    opt = torch.optim.AdamW(_model().parameters())
+    state = save_training_state(tmp_path / "state.pt", {"optimizer": opt.state_dict(), "step": 1}).read_bytes()
+    (tmp_path / "state.pt").write_bytes(state[: len(state) // 2])
+    with pytest.raises(ValueError, match=r"state\.pt cannot be read \(.+\): the file is cut short"):
+        load_training_state(tmp_path / "state.pt")
+    with pytest.raises(FileNotFoundError, match="gone.pt is missing"):
+        load_training_state(tmp_path / "gone.pt")
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned",))

@@ -138,6 +138,20 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, optimizer):
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
 
 
+def test_resume_from_a_damaged_or_missing_state_says_how_to_start_again(tmp_path):
+    train(tiny_config(epochs=1), tmp_path, progress=False, max_steps=3)
+    state = tmp_path / "last.state.pt"
+    whole = state.read_bytes()
+    state.write_bytes(whole[:100])
+    with pytest.raises(ValueError, match=r"cannot resume .*last\.state\.pt cannot be read .*vitscope train --config"):
+        train(tiny_config(epochs=1), tmp_path, resume=True, progress=False)
+    state.unlink()
+    with pytest.raises(ValueError, match=r"cannot resume .*last\.state\.pt is missing"):
+        train(tiny_config(epochs=1), tmp_path, resume=True, progress=False)
+    state.write_bytes(whole)
+    assert train(tiny_config(epochs=1), tmp_path, resume=True, progress=False).stopped == "finished"
+
+
 def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
     cfg = tiny_config(epochs=2)
     train(cfg, tmp_path / "full", progress=False)

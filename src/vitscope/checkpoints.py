@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
+import safetensors
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -101,12 +102,29 @@ def _load_checked(model: VisionTransformer, state_dict: StateDict, source: str) 
     return model
 
 
+def _damaged(path: PathLike, e: Exception) -> ValueError:
+    reason = str(e).split(". ")[0].rstrip(".")  # torch's reader adds a paragraph of guesses
+    return ValueError(f"{path} cannot be read ({reason}): the file is cut short or damaged. vitscope writes each "
+                      f"checkpoint whole, so it changed after it was saved (a copy or download that stopped?): "
+                      f"copy it again, or use another checkpoint")
+
+
+_SAFETENSORS_ERRORS = tuple(e for e in (getattr(safetensors, "SafetensorError", None), OSError) if e)
+
+
+def _load_safetensors(path: PathLike) -> dict[str, Tensor]:
+    try:
+        return load_file(path)
+    except _SAFETENSORS_ERRORS as e:
+        raise _damaged(path, e) from None
+
+
 def _read_tensors(path: PathLike) -> dict[str, Tensor]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if path.suffix == ".safetensors":
-        return load_file(path)
+        return _load_safetensors(path)
     return _torch_load(path)
 
 
@@ -117,6 +135,8 @@ def _torch_load(path: PathLike, map_location="cpu"):
         raise ValueError(f"{path} holds Python objects other than tensors and plain containers; vitscope "
                          f"does not unpickle code. Re-save it with tensors, numbers and strings only. ({e})"
                          ) from None
+    except (RuntimeError, EOFError) as e:  # torch's reader on a cut-short or damaged zip
+        raise _damaged(path, e) from None
 
 
 # -- our format: safetensors + the ViTConfig in the metadata --------------------------------------
@@ -133,8 +153,13 @@ def save_model(model: VisionTransformer, path: PathLike, *, metadata: dict | Non
 
 def read_metadata(path: PathLike) -> dict[str, str]:
     """The safetensors header metadata of `path` (strings, as stored)."""
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except _SAFETENSORS_ERRORS as e:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no checkpoint at {path}") from None
+        raise _damaged(path, e) from None
 
 
 RUN_CHECKPOINTS = ("best.safetensors", "last.safetensors")
@@ -164,7 +189,7 @@ def load_model(path: PathLike, *, map_location: str | torch.device = "cpu") -> V
         raise ValueError(f"{path} is vitscope checkpoint format {version}; this vitscope reads format "
                          f"{FORMAT_VERSION}. Upgrade vitscope.")
     model = VisionTransformer(ViTConfig.from_dict(json.loads(meta["config"])))
-    _load_checked(model, load_file(path), source=str(path))
+    _load_checked(model, _load_safetensors(path), source=str(path))
     return model.to(map_location).eval()
 
 
@@ -182,6 +207,9 @@ def save_training_state(path: PathLike, state: dict) -> Path:
 
 
 def load_training_state(path: PathLike, *, map_location: str | torch.device = "cpu") -> dict:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} is missing (the optimizer, random state and data position that a "
+                                f"run saves beside last.safetensors)")
     return _torch_load(path, map_location)
 
 
@@ -358,12 +386,12 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
 
 def _read_hf_folder(folder: Path) -> dict[str, Tensor]:
     if (folder / "model.safetensors").exists():
-        return load_file(folder / "model.safetensors")
+        return _load_safetensors(folder / "model.safetensors")
     index = folder / "model.safetensors.index.json"
     if index.exists():
         sd: dict[str, Tensor] = {}
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            sd.update(load_file(folder / shard))
+            sd.update(_load_safetensors(folder / shard))
         return sd
     if (folder / "pytorch_model.bin").exists():
         return _torch_load(folder / "pytorch_model.bin")

@@ -166,7 +166,10 @@ def build_train_config(args):
         cfg_path = args.resume / "config.json"
         if not cfg_path.is_file():
             raise UsageError(f"cannot resume: {cfg_path} does not exist")
-        base = json.loads(cfg_path.read_text())
+        try:
+            base = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise UsageError(f"cannot resume: {cfg_path} is not valid JSON: {e}") from e
     elif args.config:
         if not args.config.is_file():
             raise UsageError(f"config file {args.config} does not exist")

@@ -82,7 +82,7 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seeds the weights, the data order and every augmentation"})
     device: str = field(default="auto", metadata={
         "help": "auto (cuda if there is one, else cpu), cpu, cuda, cuda:1, ..."})
-    threads: int | None = field(default=None, metadata={"help": "CPU threads; none: torch's default"})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads; none or 0: torch's default"})
     # CPU runs: freed tensors stay in the process for the next step (vitscope.allocator). Measured in
     # this loop: 2% more images/s and 3-5% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
     # plain 28x28 ViT); so off unless asked for. eval/predict/explain always keep it (1.5x there).
@@ -108,8 +108,8 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if len(self.betas) != 2:
             raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(self.betas)}: {self.betas}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1 (or none for torch's default), got {self.threads}")
+        if self.threads is not None and self.threads < 0:
+            raise ValueError(f"threads is a number of CPU threads (0 or none: torch's default), got {self.threads}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -302,14 +302,19 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
     gen = torch.Generator().manual_seed(cfg.seed)
     step, best_acc, train_time, seen = 0, 0.0, 0.0, 0
     if resume:
-        state = load_training_state(run_dir / "last.state.pt")
-        load_weights(model, run_dir / "last.safetensors")
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        step, best_acc, train_time, seen = state["step"], state["best_acc"], state["train_time_s"], state["seen"]
-        if ema is not None:
-            load_weights(ema, run_dir / "last.ema.safetensors")
+        try:
+            state = load_training_state(run_dir / "last.state.pt")
+            load_weights(model, run_dir / "last.safetensors")
+            opt.load_state_dict(state["optimizer"])
+            gen.set_state(state["generator"])
+            torch.set_rng_state(state["torch_rng"])
+            step, best_acc, train_time, seen = state["step"], state["best_acc"], state["train_time_s"], state["seen"]
+            if ema is not None:
+                load_weights(ema, run_dir / "last.ema.safetensors")
+        except (OSError, ValueError, KeyError) as e:
+            what = f"{e.args[0]!r} is missing from its state" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"cannot resume {run_dir}: {what}. Its config can train again from the start: "
+                             f"vitscope train --config {run_dir / 'config.json'} --out NEW_DIR") from e
     else:
         torch.manual_seed(cfg.seed + 7919 * (info.rank + 1))  # dropout and drop-path differ per rank
 
