@@ -72,6 +72,23 @@ def test_folder_with_given_split_folders(tmp_path):
         load_dataset("folder", "val", root=tmp_path)
 
 
+def test_a_class_folder_without_images_is_named(tmp_path):
+    root = make_folder(tmp_path / "made")
+    (root / "class_2").mkdir()
+    (root / "class_2" / "notes.txt").write_text("no images here")
+    with pytest.raises(DataError, match="class folders with no image files in them: class_2"):
+        load_dataset("folder", "train", root=root)
+    given = tmp_path / "given"
+    make_folder(given / "train", per_class=2)
+    make_folder(given / "test", per_class=1)
+    (given / "train" / "class_2").mkdir()
+    for split in ("train", "test"):  # the test split is refused too: the model would have an unlearned label
+        with pytest.raises(DataError, match="no image files in them: class_2"):
+            load_dataset("folder", split, root=given)
+    save(given / "train" / "class_2" / "0.png", Image.new("RGB", (8, 8)))
+    assert len(load_dataset("folder", "test", root=given)) == 2  # a test split may lack a class
+
+
 def test_modes_are_converted(tmp_path):
     rgba = Image.new("RGBA", (4, 4), (10, 20, 30, 255))
     rgba.putpixel((0, 0), (0, 0, 0, 0))  # transparent -> white background
@@ -80,15 +97,15 @@ def test_modes_are_converted(tmp_path):
     palette.paste(1, (0, 0, 4, 4))
     gray = Image.new("L", (4, 4), 77)
     for name, img in [("rgba.png", rgba), ("palette.png", palette), ("gray.png", gray)]:
-        save(tmp_path / "k" / name, img)
-    rgb = load_dataset("folder", root=tmp_path, val_fraction=0.0)
+        save(tmp_path / "data" / "k" / name, img)
+    rgb = load_dataset("folder", root=tmp_path / "data", val_fraction=0.0)
     by_name = dict(zip(["gray", "palette", "rgba"], rgb.images))  # files load in sorted order
     assert by_name["gray"][:, 1, 1].tolist() == [77, 77, 77]
     assert by_name["palette"][:, 1, 1].tolist() == [200, 100, 50]
     assert (
         by_name["rgba"][:, 1, 1].tolist() == [10, 20, 30] and by_name["rgba"][:, 0, 0].tolist() == [255] * 3
     )
-    one = load_dataset("folder", root=tmp_path, val_fraction=0.0, channels=1)
+    one = load_dataset("folder", root=tmp_path / "data", val_fraction=0.0, channels=1)
     assert one.images.shape == (3, 1, 4, 4) and one.images[0, 0, 0, 0] == 77 and len(one.mean) == 1
 
 

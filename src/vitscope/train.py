@@ -418,7 +418,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
             log(row)
             if info.is_main:
                 bar.write(f"epoch {epoch + 1}/{cfg.epochs}  train loss {row['train_loss']:.4f}  "
-                          f"test acc {100 * ev['acc']:.2f}%  ({train_time / 60:.1f} min)")
+                          f"{cfg.eval_split} acc {100 * ev['acc']:.2f}%  ({train_time / 60:.1f} min)")
             if ev["acc"] > best_acc:
                 best_acc = ev["acc"]
                 save("best")

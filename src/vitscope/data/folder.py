@@ -223,6 +223,16 @@ def _made_split(
     return chosen
 
 
+def _refuse_empty_classes(items: list[tuple[Path, int]], classes: list[str], where: Path) -> None:
+    """Each class sub-folder is an output of the model, so one without images is a mistake (as in
+    torchvision's ImageFolder)."""
+    found = {label for _, label in items}
+    empty = [c for i, c in enumerate(classes) if i not in found]
+    if empty and len(empty) < len(classes):  # none at all is reported below, with the file types looked for
+        raise DataError(f"{where} has class folders with no image files in them: {', '.join(empty)}; "
+                        f"add images or remove them (each class folder is a label the model learns)")
+
+
 def load_folder(
     root: str | Path,
     split: str = "train",
@@ -260,16 +270,20 @@ def load_folder(
         if unknown:
             raise DataError(f"{split_dir} has classes not in {root / 'train'}: {', '.join(unknown)}")
         items = scan(split_dir, classes)
+        _refuse_empty_classes(items if split == "train" else scan(root / "train", classes), classes, root / "train")
     else:
         classes = list_classes(root)
         if split == "test":
             raise DataError(
-                f"{root} has no train/val/test sub-folders, so its split is made here: use split='train' "
-                "or 'val', or lay it out as root/train/<class>/ and root/test/<class>/"
+                f"{root} has no train/val/test sub-folders, so vitscope holds out {val_fraction:.0%} of each "
+                "class as its 'val' split: evaluate on that (split='val'; `vitscope train --eval-split val`, "
+                "`vitscope eval --split val`), or lay the images out as root/train/<class>/ and root/test/<class>/"
             )
         if not 0.0 <= val_fraction < 1.0:
             raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        items = _made_split(scan(root, classes), len(classes), split, val_fraction, seed)
+        everything = scan(root, classes)
+        _refuse_empty_classes(everything, classes, root)
+        items = _made_split(everything, len(classes), split, val_fraction, seed)
     if not classes:
         raise DataError(f"{root} has no class sub-folders; expected {root}/<class name>/<image files>")
     if not items:
