@@ -118,6 +118,21 @@ def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_pat
     assert two["loss"] != pytest.approx(want["loss"], rel=1e-6)  # the shifted views did count
 
 
+def test_a_given_mean_and_std_are_the_ones_used_and_saved(tmp_path):
+    import json
+
+    from vitscope.checkpoints import read_metadata
+
+    cfg = tiny_config(epochs=1, augment=TrainTransform(crop="none", flip=False, mean=(0.3,), std=(0.2,)))
+    train(cfg, tmp_path, progress=False, max_steps=1)
+    meta = read_metadata(tmp_path / "last.safetensors")
+    assert json.loads(meta["mean"]) == [0.3] and json.loads(meta["std"]) == [0.2]
+    saved = TrainConfig.from_dict(json.loads((tmp_path / "config.json").read_text()))
+    assert saved == cfg  # so a resumed run normalises the same way
+    with pytest.raises(ValueError, match="one number per channel, 1 for digits"):
+        train(tiny_config(augment=TrainTransform(mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2))), tmp_path / "b")
+
+
 def test_same_config_and_seed_give_the_same_numbers(tmp_path):
     a = train(tiny_config(epochs=1), tmp_path / "a", progress=False)
     b = train(tiny_config(epochs=1), tmp_path / "b", progress=False)

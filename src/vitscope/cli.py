@@ -406,7 +406,7 @@ def run_data(args) -> int:
 
 # -- models ------------------------------------------------------------------------------------------
 def add_models_parser(sub) -> None:
-    p = sub.add_parser("models", help="the model presets with their parameter counts")
+    p = sub.add_parser("models", help="the model presets with their parameter counts and pretrained weights")
     p.add_argument("pattern", nargs="?", default="*", help="glob over names, e.g. 'vit_*28'")
     p.set_defaults(run=run_models)
 
@@ -415,18 +415,21 @@ def run_models(args) -> int:
     import torch
 
     from vitscope.models import create_model, get_config, list_models
+    from vitscope.pretrained import TIMM_WEIGHTS
 
     names = list_models(args.pattern)
     if not names:
         raise UsageError(f"no preset matches {args.pattern!r}")
-    print(f"{'name':<26} {'params':>12}  {'image':>9}  {'patch':>5}  {'width':>5}  {'depth':>5}  {'heads':>5}")
+    print(f"{'name':<26} {'params':>12}  {'image':>9}  {'patch':>5}  {'width':>5}  {'depth':>5}  {'heads':>5}  "
+          f"pretrained")
     for n in names:
         cfg = get_config(n)
         with torch.device("meta"):
             params = create_model(n).num_params()
         size = cfg.img_size if isinstance(cfg.img_size, int) else "x".join(map(str, cfg.img_size))
+        weights = TIMM_WEIGHTS.get(n, "")  # `create_model(name, pretrained=True)`, `train --pretrained true`
         print(f"{n:<26} {params:>12,}  {size!s:>9}  {cfg.patch_size:>5}  {cfg.embed_dim:>5}  {cfg.depth:>5}  "
-              f"{cfg.num_heads:>5}")
+              f"{cfg.num_heads:>5}  {'timm ' + weights.split('.', 1)[1] if weights else ''}".rstrip())
     return 0
 
 
@@ -452,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from vitscope import allocator
     from vitscope.data import DataError
+    from vitscope.pretrained import WeightsError
     from vitscope.train import NonFiniteLoss
 
     parser = build_parser()
@@ -462,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         allocator.keep_freed_memory()
     try:
         return args.run(args)
-    except (UsageError, DataError, NonFiniteLoss, ValueError, FileNotFoundError, KeyError) as e:
+    except (UsageError, DataError, NonFiniteLoss, WeightsError, ValueError, FileNotFoundError, KeyError) as e:
         if args.debug:
             raise
         # a KeyError's str() is its key's repr; other messages keep their quotes

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from vitscope.vit import VisionTransformer, ViTConfig
 
@@ -36,9 +37,18 @@ def get_config(name: str, **overrides) -> ViTConfig:
     return cfg
 
 
-def create_model(name: str, **overrides) -> VisionTransformer:
-    """Build a preset, e.g. create_model("vit_base_patch16_224", num_classes=10)."""
-    return VisionTransformer(get_config(name, **overrides))
+def create_model(name: str, pretrained: bool | str | Path = False, **overrides) -> VisionTransformer:
+    """Build a preset, e.g. create_model("vit_base_patch16_224", num_classes=10).
+
+    `pretrained=True` loads timm's pretrained weights for the ImageNet presets (downloaded once, see
+    vitscope.pretrained), `pretrained=PATH` a timm checkpoint file; overrides such as num_classes, in_chans
+    and img_size adapt them as timm does."""
+    model = VisionTransformer(get_config(name, **overrides))
+    if pretrained is not False and pretrained is not None:
+        from vitscope.pretrained import load_pretrained, weights_file
+
+        load_pretrained(model, weights_file(name) if pretrained is True else Path(pretrained))
+    return model
 
 
 # -- the original paper's shapes (224 x 224 RGB, patch 16, 1000 classes) --------------------------

@@ -14,7 +14,7 @@ import json
 import math
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitscope import allocator, bf16
+from vitscope import allocator, bf16, pretrained
 from vitscope import distributed as D
 from vitscope.checkpoints import (
     atomic_write,
@@ -46,6 +46,9 @@ class TrainConfig:
     # Each field's help is its `vitscope train --help` line (HfArgumentParser reads the same metadata).
     model: str = field(default="vit_fmnist_quick", metadata={"help": "a model preset (`vitscope models` lists them)"})
     model_args: dict = field(default_factory=dict, metadata={"help": "ViTConfig overrides, e.g. {'depth': 8}"})
+    pretrained: bool = field(default=False, metadata={
+        "help": "start from timm's ImageNet weights for the model (the *_patch16_224 presets; downloaded "
+                "once, adapted to the data's classes, channels and size; vitscope.pretrained)"})
     dataset: str = field(default="fashion_mnist", metadata={
         "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
     data_dir: str | None = field(default=None, metadata={
@@ -112,9 +115,7 @@ class TrainConfig:
             raise ValueError(f"threads is a number of CPU threads (0 or none: torch's default), got {self.threads}")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["augment"] = {k: v for k, v in asdict(self.augment).items() if k not in ("mean", "std")}
-        return d
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -277,11 +278,14 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
     eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
     c, h, w = train_set.images.shape[1:]
     transform = cfg.augment.for_dataset(train_set)
+    if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
+        transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
     num_classes = len(train_set.classes)
 
     torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, **{"num_classes": num_classes, "in_chans": c,
-                                       "img_size": (h, w) if h != w else h, **cfg.model_args})
+    model = create_model(cfg.model, pretrained=cfg.pretrained and not resume,  # resumed: the run's own weights
+                         **{"num_classes": num_classes, "in_chans": c, "img_size": (h, w) if h != w else h,
+                            **cfg.model_args})
     model.to(device)
     bf16 = use_bf16(cfg.amp, device)
     ema = copy.deepcopy(model).eval() if cfg.ema_decay else None

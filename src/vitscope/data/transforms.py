@@ -325,7 +325,14 @@ class TrainTransform:
                                  f"--aug-{field.replace('_', '-')} 0.35 1.0; got {lo_hi}")
 
     def for_dataset(self, dataset) -> TrainTransform:
-        return dataclasses.replace(self, mean=tuple(dataset.mean), std=tuple(dataset.std))
+        """This transform with the training split's mean and std, where they were not given."""
+        mean = tuple(self.mean) if self.mean is not None else tuple(dataset.mean)
+        std = tuple(self.std) if self.std is not None else tuple(dataset.std)
+        c = dataset.images.shape[1]
+        if len(mean) != c or len(std) != c:
+            raise ValueError(f"mean and std need one number per channel, {c} for {dataset.name}; got mean "
+                             f"{mean} and std {std}")
+        return dataclasses.replace(self, mean=mean, std=std)
 
     @property
     def mixes(self) -> bool:
