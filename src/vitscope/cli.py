@@ -23,21 +23,13 @@ class UsageError(Exception):
 
 # -- shared helpers ---------------------------------------------------------------------------------
 def load_for_inference(path: str | Path):
-    """(model in eval mode, metadata dict with classes/mean/std where the run saved them)."""
-    from vitscope.checkpoints import find_checkpoint, load_model, read_metadata
+    """(model in eval mode, dict of what it says: classes, named_classes, mean, std, dataset, checkpoint) for a
+    run directory, a checkpoint, a timm file or a preset with pretrained weights (vitscope.model_source)."""
+    from vitscope.model_source import open_model
 
-    ckpt = find_checkpoint(path)
-    model = load_model(ckpt).eval()
-    meta = read_metadata(ckpt)
-    c = model.config.in_chans
-    info = {
-        "classes": json.loads(meta["classes"]) if "classes" in meta else [str(i) for i in range(model.num_classes)],
-        "named_classes": "classes" in meta,
-        "mean": tuple(json.loads(meta["mean"])) if "mean" in meta else (0.5,) * c,
-        "std": tuple(json.loads(meta["std"])) if "std" in meta else (0.5,) * c,
-        "dataset": meta.get("dataset"),
-        "checkpoint": str(ckpt),
-    }
+    model, m = open_model(path)
+    info = {"classes": m.classes, "named_classes": m.named_classes, "mean": m.mean, "std": m.std,
+            "dataset": m.dataset, "checkpoint": m.source}
     return model, info
 
 
@@ -214,7 +206,8 @@ def run_train(args) -> int:
 def add_eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint",
                        description="Evaluate a run or checkpoint on a dataset split.")
-    p.add_argument("checkpoint", help="run directory or .safetensors file")
+    p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
+                                      "with pretrained weights (e.g. vit_small_patch16_224)")
     p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
     p.add_argument("--data-dir", help="where the dataset's files are")
     p.add_argument("--split", default="test", help="the split evaluated (default: test)")
@@ -296,7 +289,8 @@ def _check_images_fit(model, images) -> None:
 def add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="top-k labels for image files or a folder",
                        description="Predict labels for image files (PNG, JPEG, ...) or every image in a folder.")
-    p.add_argument("checkpoint", help="run directory or .safetensors file")
+    p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
+                                      "with pretrained weights (e.g. vit_small_patch16_224)")
     p.add_argument("images", nargs="+", type=Path, help="image files or folders")
     p.add_argument("--top-k", type=int, default=3, help="labels shown per image, most likely first (default: 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -7,7 +7,6 @@ The main CLI adds the sub-command with `add_explain_parser(subparsers)` and runs
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,8 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", metavar="CHECKPOINT_OR_RUN",
-                   help="a .safetensors checkpoint, or a run directory (best.safetensors, else last)")
+                   help="a run directory (best.safetensors, else last), a .safetensors checkpoint (vitscope's or "
+                        "timm's), or a preset with pretrained weights, e.g. vit_small_patch16_224")
     p.add_argument("images", metavar="IMAGE", nargs="*", help="image files (PNG, JPEG, ...)")
     p.add_argument("--out", required=True, type=Path, help="folder for the pictures and explorer.html")
     p.add_argument("--dataset", help="also show images of this dataset (e.g. fashion_mnist); with labels it "
@@ -50,15 +50,15 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _load(path: Path):
-    from vitscope.checkpoints import find_checkpoint, load_model, read_metadata
+    from vitscope.model_source import open_model
 
-    ckpt = find_checkpoint(path)
     try:
-        model = load_model(ckpt).eval()
-        meta = read_metadata(ckpt)
-    except (ValueError, OSError) as e:
-        raise ExplainError(f"cannot load {ckpt}: {e}") from e
-    meta = {k: json.loads(v) if k in ("classes", "mean", "std") else v for k, v in meta.items()}
+        model, info = open_model(path)
+    except ValueError as e:
+        raise ExplainError(f"cannot load {path}: {e}") from e
+    meta = {"classes": info.classes if info.named_classes else None, "source": info.source,
+            "mean": list(info.mean) if info.normalisation_known else None,
+            "std": list(info.std) if info.normalisation_known else None}
     return model, meta
 
 
@@ -120,9 +120,11 @@ def explain(args: argparse.Namespace) -> list[Path]:
         names += [f"{args.dataset} #{i}" for i in range(len(ds_images))]
         labels = [None] * len(args.images) + ds_labels.tolist()
     images = torch.cat(images)
-    if mean is None or std is None:
-        print("vitscope explain: warning: the checkpoint records no mean/std; images are only scaled to 0..1",
-              file=sys.stderr)
+    if mean is None or std is None:  # as predict and eval read such a checkpoint: timm's ViT weights' scale
+        c = model.config.in_chans
+        mean, std = [0.5] * c, [0.5] * c
+        print("vitscope explain: warning: the checkpoint records no mean/std; assuming 0.5 and 0.5 (timm's ViT "
+              "weights'), as predict and eval do", file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

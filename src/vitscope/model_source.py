@@ -1,0 +1,106 @@
+"""What `vitscope eval | predict | explain` accept as the model: a run, a checkpoint, a timm file or a preset.
+
+    open_model("runs/fmnist_quick")            # a run directory: its best.safetensors, else last
+    open_model("runs/fmnist_quick/last.safetensors")
+    open_model("vit_small_patch16_224")        # a preset with pretrained weights (vitscope.pretrained)
+    open_model("downloads/model.safetensors")  # a timm checkpoint (no vitscope config in it)
+
+Each gives the model in eval mode and what is known of its inputs and outputs: class names, the
+normalising mean and std, the dataset it was trained on. A checkpoint from vitscope records them; for
+timm's ImageNet weights the classes are ImageNet's indices 0-999 and mean and std are 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from vitscope.vit import VisionTransformer
+
+
+@dataclass
+class ModelInfo:
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    dataset: str | None  # the dataset the run trained on, where it says
+    source: str  # the file the weights came from
+    named_classes: bool  # whether the classes came with the weights (else they are the output indices)
+    normalisation_known: bool  # whether mean and std came with the weights (else 0.5 is assumed)
+
+
+def open_model(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
+    """The model `source` names (see the module docstring), in eval mode, and what it says about itself."""
+    from vitscope.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
+    from vitscope.models import create_model, list_models
+    from vitscope.pretrained import MEAN, STD, has_weights, weights_file
+
+    path = Path(source)
+    if not path.exists() and has_weights(str(source)):
+        file = weights_file(str(source))
+        model = create_model(str(source), pretrained=file).eval()
+        return model, _info(model, {}, file, mean=MEAN, std=STD)
+    if not path.exists() and str(source) in list_models():
+        raise FileNotFoundError(f"the preset {source} has no pretrained weights; give a run directory or a "
+                                f"checkpoint, or one of the presets `vitscope models` lists with weights")
+    ckpt = find_checkpoint(path)
+    meta = read_metadata(ckpt) if ckpt.suffix == ".safetensors" else {}
+    if "vitscope_format" not in meta:  # save_model has always written it; else timm's: shape read off the weights
+        model = create_from_timm(ckpt, **_head_count_hint(ckpt, meta)).eval()
+        return model, _info(model, {}, ckpt)
+    model = load_model(ckpt).eval()
+    return model, _info(model, meta, ckpt)
+
+
+def _head_count_hint(ckpt: Path, meta: dict[str, str]) -> dict:
+    """The number of heads, which a timm state dict does not show: from the constructor arguments a file may
+    carry in its metadata (`config`), else from the preset of the same width, depth and patch size."""
+    from vitscope.models import get_config, list_models
+
+    try:
+        args = json.loads(meta.get("config", "{}"))
+    except json.JSONDecodeError:
+        args = {}
+    if isinstance(args, dict) and isinstance(args.get("num_heads"), int):
+        return {"num_heads": args["num_heads"]}
+    shapes = _shapes(ckpt)
+    w = shapes.get("patch_embed.proj.weight")
+    depth = len({k.split(".")[1] for k in shapes if k.startswith("blocks.")})
+    if w is None:
+        return {}
+    for name in list_models():
+        cfg = get_config(name)
+        if (cfg.embed_dim, cfg.depth, cfg.patch_size) == (w[0], depth, w[-1]) and not cfg.stem:
+            return {"num_heads": cfg.num_heads}
+    return {}
+
+
+def _shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape under timm's names; a safetensors file is read for its header only."""
+    from safetensors import safe_open
+
+    from vitscope.checkpoints import _read_tensors, _strip_prefix
+
+    if ckpt.suffix == ".safetensors":
+        with safe_open(str(ckpt), framework="pt") as f:
+            raw = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    else:
+        raw = {k: tuple(v.shape) for k, v in _read_tensors(ckpt).items()}
+    return _strip_prefix(raw)
+
+
+def _info(model: VisionTransformer, meta: dict[str, str], source: Path, mean: float | None = None,
+          std: float | None = None) -> ModelInfo:
+    c = model.config.in_chans
+    named = "classes" in meta
+    known = "mean" in meta and "std" in meta
+    return ModelInfo(
+        classes=json.loads(meta["classes"]) if named else [str(i) for i in range(model.num_classes)],
+        mean=tuple(json.loads(meta["mean"])) if known else (mean if mean is not None else 0.5,) * c,
+        std=tuple(json.loads(meta["std"])) if known else (std if std is not None else 0.5,) * c,
+        dataset=meta.get("dataset"),
+        source=str(source),
+        named_classes=named,
+        normalisation_known=known or mean is not None,
+    )
