@@ -78,3 +78,8 @@ def test_predict_and_explain_a_pretrained_preset_from_the_command_line(hub_tiny,
     assert main(["explain", "vit_tiny_patch16_224", str(img), "--out", str(tmp_path / "ex"), "--no-report"]) == 0
     assert (tmp_path / "ex" / "explorer.html").stat().st_size > 10_000
     assert "warning" not in capsys.readouterr().err  # the weights' own normalisation is known
+
+
+def test_eval_refuses_data_with_another_number_of_classes(capsys):
+    assert main(["eval", str(TIMM_TINY), "--dataset", "digits"]) == 2
+    assert "the model has 100 outputs but digits has 10 classes" in capsys.readouterr().err

@@ -240,6 +240,10 @@ def run_eval(args) -> int:
     extra = {"channels": model.config.in_chans} if "channels" in dataset_options(name) else {}
     data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None,
                         **extra)
+    if model.num_classes != len(data.classes):
+        raise UsageError(f"the model has {model.num_classes} outputs but {name} has {len(data.classes)} classes: "
+                         f"evaluate it on the data it was trained on (fine-tune it first: vitscope train "
+                         f"--pretrained true, or --config)")
     _check_images_fit(model, data.images)
     if info["named_classes"] and list(info["classes"]) != list(data.classes):
         raise UsageError(f"the checkpoint's classes ({_listed(info['classes'])}, from {info['dataset'] or 'its run'}) "
