@@ -316,3 +316,23 @@ def test_stem_activation_is_checked_and_older_configs_mean_gelu():
     d = ViTConfig(stem=[(8, 2)]).to_dict()
     del d["stem_act"]  # a checkpoint written before the field existed
     assert ViTConfig.from_dict(d).stem_act == "gelu"
+
+
+def test_reset_classifier_gives_a_fresh_head_that_checkpoints_record(tmp_path):
+    """timm's fine-tuning call: a new head for another number of classes, or none (the pooled features)."""
+    from vitscope.checkpoints import load_model, save_model
+
+    model = create_model("vit_tiny_patch4_28", depth=1).eval()
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        pooled = model.forward_head(model.forward_features(x), pre_logits=True)
+        model.reset_classifier(37)
+        assert model.get_classifier().weight.shape == (37, 128) and model.config.num_classes == 37
+        assert model.head.bias.abs().sum() == 0 and 0.01 < model.head.weight.std() < 0.03
+        torch.testing.assert_close(model(x), model.head(pooled))
+        save_model(model, tmp_path / "m.safetensors")
+        assert load_model(tmp_path / "m.safetensors")(x).shape == (2, 37)
+        model.reset_classifier(0)
+        torch.testing.assert_close(model(x), pooled)
+    with pytest.raises(ValueError, match="num_classes must be 0"):
+        model.reset_classifier(-1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -421,6 +421,24 @@ class VisionTransformer(nn.Module):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new head for `num_classes` (0: none, the model returns the pooled features), initialised as a
+        new model's, on the model's device and dtype; the config follows, so checkpoints record it (timm's
+        method of the same name)."""
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be 0 (no head) or more, got {num_classes}")
+        ref = next(self.parameters())
+        self.head = nn.Identity()
+        if num_classes:
+            self.head = Linear(self.config.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        self.num_classes = num_classes
+        self.config = replace(self.config, num_classes=num_classes)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
