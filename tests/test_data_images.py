@@ -78,6 +78,8 @@ def test_a_class_folder_without_images_is_named(tmp_path):
     (root / "class_2" / "notes.txt").write_text("no images here")
     with pytest.raises(DataError, match="class folders with no image files in them: class_2"):
         load_dataset("folder", "train", root=root)
+    assert "  no images in class folder: class_2 (training refuses it; add images or remove it)" in (
+        verify_dataset("folder", root=root))
     given = tmp_path / "given"
     make_folder(given / "train", per_class=2)
     make_folder(given / "test", per_class=1)

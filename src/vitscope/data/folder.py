@@ -334,4 +334,8 @@ def verify_folder(root: str | Path) -> list[str]:
             f"{len(problems)} unreadable"
         )
         lines += [f"  unreadable: {p}" for p in problems]
+        if split in ("", "train"):  # each class folder is a label; one without images cannot be trained
+            empty = [c for i, c in enumerate(classes) if i not in {label for _, label in items}]
+            lines += [f"  no images in class folder: {c} (training refuses it; add images or remove it)"
+                      for c in empty]
     return lines
