@@ -273,3 +273,16 @@ def test_every_option_of_every_command_has_help():
     missing = [f"{name} {a.option_strings[-1]}" for name, p in sub.choices.items() for a in p._actions
                if a.option_strings and not a.help]
     assert not missing, missing
+
+
+def test_vitscopes_own_warnings_are_one_plain_line(monkeypatch):
+    import warnings
+
+    import vitscope.data.folder as folder
+    from vitscope.cli import _plain_warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    _plain_warnings("vitscope train")
+    assert warnings.formatwarning("skipped 1 file", UserWarning, folder.__file__, 9) == (
+        "vitscope train: warning: skipped 1 file\n")
+    assert "other.py:9: UserWarning: theirs" in warnings.formatwarning("theirs", UserWarning, "/x/other.py", 9)

@@ -196,7 +196,7 @@ def run_train(args) -> int:
     if result.stopped == "signal":
         print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
         return 130
-    print(f"test accuracy {100 * result.test_acc:.2f}%  (best {100 * result.best_acc:.2f}%), "
+    print(f"{cfg.eval_split} accuracy {100 * result.test_acc:.2f}%  (best {100 * result.best_acc:.2f}%), "
           f"training {result.train_time_s / 60:.1f} min, {result.images_per_s:.0f} images/s")
     print(f"run directory: {run_dir}  (curves.png, confusion.png, explorer.html, summary.json)")
     return 0
@@ -450,6 +450,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plain_warnings(prog: str) -> None:
+    """vitscope's own warnings (skipped files and the like) as `vitscope train: warning: ...` lines, without
+    the source line Python's format adds; other libraries' warnings keep their file and line."""
+    import warnings
+
+    package = str(Path(__file__).resolve().parent)
+    python_format = warnings.formatwarning
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        if str(Path(filename).resolve()).startswith(package):
+            return f"{prog}: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     from vitscope import allocator
     from vitscope.data import DataError
@@ -458,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _plain_warnings(f"vitscope {args.command}")
     if args.command in ("eval", "predict", "explain"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
         # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train --keep-freed-memory true` asks for it
