@@ -282,7 +282,9 @@ def test_vitscopes_own_warnings_are_one_plain_line(monkeypatch):
     from vitscope.cli import _plain_warnings
 
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
-    _plain_warnings("vitscope train")
+    _plain_warnings("vitscope eval")
+    _plain_warnings("vitscope train")  # a second main() in one process replaces the first, not wraps it
+    assert warnings.formatwarning.python_format.__module__ == "warnings"
     assert warnings.formatwarning("skipped 1 file", UserWarning, folder.__file__, 9) == (
         "vitscope train: warning: skipped 1 file\n")
     assert "other.py:9: UserWarning: theirs" in warnings.formatwarning("theirs", UserWarning, "/x/other.py", 9)

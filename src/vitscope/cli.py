@@ -456,13 +456,14 @@ def _plain_warnings(prog: str) -> None:
     import warnings
 
     package = str(Path(__file__).resolve().parent)
-    python_format = warnings.formatwarning
+    python_format = getattr(warnings.formatwarning, "python_format", warnings.formatwarning)  # main() again
 
     def formatwarning(message, category, filename, lineno, line=None):
         if str(Path(filename).resolve()).startswith(package):
             return f"{prog}: warning: {message}\n"
         return python_format(message, category, filename, lineno, line)
 
+    formatwarning.python_format = python_format
     warnings.formatwarning = formatwarning
 
 
