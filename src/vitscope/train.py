@@ -70,8 +70,8 @@ class TrainConfig:
         "help": "clip the gradients' global norm to this; none: no clipping"})
     betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's betas"})
     amp: Literal["auto", "bf16", "fp32"] = field(default="auto", metadata={
-        "help": "bf16: bfloat16 autocast; auto: bf16 where the device multiplies bfloat16 natively (GPUs, "
-                "AVX-512 BF16 and AMX CPUs), fp32 elsewhere"})
+        "help": "bf16: bfloat16 autocast; auto: bf16 where the device multiplies bfloat16 natively (CUDA GPUs "
+                "with bfloat16, AVX-512 CPUs), fp32 elsewhere (vitscope.bf16)"})
     compile: bool = field(default=False, metadata={"help": "train through torch.compile"})
     ema_decay: float | None = field(default=None, metadata={
         "help": "evaluate a moving average of the weights with this decay, e.g. 0.999; none: off"})
