@@ -274,7 +274,7 @@ def mix(
 class TrainTransform:
     """The training augmentation, as a config: crop -> flip -> policy -> normalise -> erase.
 
-    `mean`/`std` are the training split's (`for_dataset(ds)` sets them). Mixing needs the labels,
+    `mean`/`std`, where not given, are the training split's (`for_dataset(ds)` fills them). Mixing needs the labels,
     so it is the separate step `mix`."""
 
     # Each field's help is its `vitscope train --help` line, under --aug-<field>.
