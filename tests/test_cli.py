@@ -288,3 +288,20 @@ def test_vitscopes_own_warnings_are_one_plain_line(monkeypatch):
     assert warnings.formatwarning("skipped 1 file", UserWarning, folder.__file__, 9) == (
         "vitscope train: warning: skipped 1 file\n")
     assert "other.py:9: UserWarning: theirs" in warnings.formatwarning("theirs", UserWarning, "/x/other.py", 9)
+
+
+def test_eval_of_a_folder_run_reads_the_runs_folder_and_split(tmp_path, capsys):
+    """A run trained on an image folder evaluated with no flags: the folder and split it evaluated on."""
+    root = tmp_path / "photos"
+    for c, level in (("dark", 30), ("light", 220)):
+        (root / c).mkdir(parents=True)
+        for i in range(20):
+            Image.new("RGB", (8, 8), (level + i, level, level)).save(root / c / f"{i}.png")
+    out = tmp_path / "run"
+    flags = " ".join(TINY).replace("--dataset digits", "--dataset folder").replace("--batch-size 64", "--batch-size 8")
+    assert main(["train", *flags.split(), "--data-dir", str(root), "--eval-split", "val", "--epochs", "1",
+                 "--explain-images", "0", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["dataset"] == "folder" and res["split"] == "val" and res["n"] == 4  # 10% of each class held out

@@ -29,7 +29,7 @@ def load_for_inference(path: str | Path):
 
     model, m = open_model(path)
     info = {"classes": m.classes, "named_classes": m.named_classes, "mean": m.mean, "std": m.std,
-            "dataset": m.dataset, "checkpoint": m.source}
+            "dataset": m.dataset, "checkpoint": m.source, "train_config": m.train_config}
     return model, info
 
 
@@ -209,8 +209,8 @@ def add_eval_parser(sub) -> None:
     p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
                                       "with pretrained weights (e.g. vit_small_patch16_224)")
     p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
-    p.add_argument("--data-dir", help="where the dataset's files are")
-    p.add_argument("--split", default="test", help="the split evaluated (default: test)")
+    p.add_argument("--data-dir", help="where the dataset's files are (default: where the run read them)")
+    p.add_argument("--split", help="the split evaluated (default: the one the run evaluated on, else test)")
     p.add_argument("--batch-size", type=int, default=500, help="images a forward (default: 500)")
     p.add_argument("--flip", action="store_true",
                    help="test-time augmentation: average the logits of each image and its mirror image "
@@ -236,10 +236,12 @@ def run_eval(args) -> int:
     if not name:
         raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
     size = model.config.img_size
+    run = info["train_config"] if name == info["dataset"] else {}  # the same data as the run: its files, split
+    args.split = args.split or run.get("eval_split") or "test"
     # image folders and Pets decode to the channels the model takes (grayscale files to 1, not RGB)
     extra = {"channels": model.config.in_chans} if "channels" in dataset_options(name) else {}
-    data = load_dataset(name, args.split, root=args.data_dir, image_size=size if isinstance(size, int) else None,
-                        **extra)
+    data = load_dataset(name, args.split, root=args.data_dir or run.get("data_dir"),
+                        image_size=size if isinstance(size, int) else None, **extra)
     if model.num_classes != len(data.classes):
         raise UsageError(f"the model has {model.num_classes} outputs but {name} has {len(data.classes)} classes: "
                          f"evaluate it on the data it was trained on (fine-tune it first: vitscope train "

@@ -28,6 +28,7 @@ class ModelInfo:
     source: str  # the file the weights came from
     named_classes: bool  # whether the classes came with the weights (else they are the output indices)
     normalisation_known: bool  # whether mean and std came with the weights (else 0.5 is assumed)
+    train_config: dict  # the run's TrainConfig as saved with a vitscope checkpoint (empty for others)
 
 
 def open_model(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
@@ -103,4 +104,5 @@ def _info(model: VisionTransformer, meta: dict[str, str], source: Path, mean: fl
         source=str(source),
         named_classes=named,
         normalisation_known=known or mean is not None,
+        train_config=json.loads(meta["train_config"]) if "train_config" in meta else {},
     )
