@@ -305,3 +305,6 @@ def test_eval_of_a_folder_run_reads_the_runs_folder_and_split(tmp_path, capsys):
     assert main(["eval", str(out), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["dataset"] == "folder" and res["split"] == "val" and res["n"] == 4  # 10% of each class held out
+    assert main(["explain", str(out), "--dataset", "folder", "--split", "val", "--num", "2", "--no-report",
+                 "--importance-samples", "0", "--out", str(tmp_path / "ex")]) == 0
+    assert (tmp_path / "ex" / "explorer.html").is_file()

@@ -39,7 +39,8 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dataset", help="also show images of this dataset (e.g. fashion_mnist); with labels it "
                                      "also measures head importance")
     p.add_argument("--split", default="test", help="dataset split (default: test)")
-    p.add_argument("--data-dir", type=Path, help="where the dataset's files are (default: its usual places)")
+    p.add_argument("--data-dir", type=Path, help="where the dataset's files are (default: where the run read "
+                                                 "them, else the dataset's usual places)")
     p.add_argument("--num", type=int, default=8, help="how many dataset images to show (default: 8)")
     p.add_argument("--importance-samples", type=int, default=512,
                    help="labelled dataset images used for head importance and pruning (default: 512; "
@@ -57,15 +58,17 @@ def _load(path: Path):
     except ValueError as e:
         raise ExplainError(f"cannot load {path}: {e}") from e
     meta = {"classes": info.classes if info.named_classes else None, "source": info.source,
+            "dataset": info.dataset, "train_config": info.train_config,
             "mean": list(info.mean) if info.normalisation_known else None,
             "std": list(info.std) if info.normalisation_known else None}
     return model, meta
 
 
-def _dataset_sample(args, model, n: int):
+def _dataset_sample(args, model, meta: dict, n: int):
     from vitscope.data import dataset_options, load_dataset
 
-    kwargs = {"root": args.data_dir} if args.data_dir else {}
+    run_dir = meta["train_config"].get("data_dir") if args.dataset == meta["dataset"] else None
+    kwargs = {"root": args.data_dir or run_dir} if args.data_dir or run_dir else {}
     h, w = model.patch_embed.img_size
     try:
         if "channels" in dataset_options(args.dataset):  # image folders, Pets: decode as the model reads
@@ -113,7 +116,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
         names += [Path(p).name for p in args.images]
     ds = None
     if args.dataset:
-        ds, ds_images, ds_labels, ds_classes = _dataset_sample(args, model, args.num)
+        ds, ds_images, ds_labels, ds_classes = _dataset_sample(args, model, meta, args.num)
         classes = classes or ds_classes
         mean, std = mean or list(ds.mean), std or list(ds.std)
         images.append(ds_images)
