@@ -194,3 +194,23 @@ def test_pets_published_layout(tmp_path, count_decodes):
         load_dataset("pets", "test", root=root, image_size=16)
     with pytest.raises(DataError, match="images.tar.gz and annotations.tar.gz"):
         load_dataset("pets", root=tmp_path / "nothing")
+
+
+def test_predict_and_explain_decode_a_file_as_training_did(tmp_path):
+    """A wide photo is centre-cropped, not squashed, and transparency is white: the same pixels the image
+    folder loader gave the model in training."""
+    from vitscope.inspect.images import load_image_files
+
+    wide = np.zeros((20, 60, 4), dtype=np.uint8)
+    wide[:, :20, :3] = 255  # white left third, which a centre crop leaves out
+    wide[:, 20:40, 1] = 200
+    wide[:, :, 3] = 255
+    wide[:5, 25:35, 3] = 0  # a transparent patch: white in both
+    path = save(tmp_path / "wide.png", Image.fromarray(wide, "RGBA"))
+    for channels in (1, 3):
+        got = load_image_files([path], channels=channels, size=(8, 8))[0]
+        want = torch.from_numpy(folder_module.load_image(path, image_size=8, channels=channels).copy())
+        assert torch.equal(got, want)
+    rgb = load_image_files([path], channels=3, size=(8, 8))[0].float()
+    assert rgb[0, :, 0].mean() < 64  # the left column is the green middle's edge, not the white left third
+    assert rgb[0, 0, 3:5].mean() > 200  # the transparent patch shows white

@@ -71,7 +71,7 @@ def load_image(
             with Image.open(path) as img:
                 if image_size is not None:
                     img.draft(mode, (image_size, image_size))  # JPEG: decode at a reduced scale
-                img = _to_mode(img, mode)
+                img = convert_mode(img, mode)
                 if image_size is not None:
                     size = (image_size, image_size)
                     img = (
@@ -96,7 +96,8 @@ def load_image(
     return np.ascontiguousarray(array)
 
 
-def _to_mode(img: Image.Image, mode: str) -> Image.Image:
+def convert_mode(img: Image.Image, mode: str) -> Image.Image:
+    """`img` as PIL mode "L" or "RGB", transparency composited onto white and 16-bit grey scaled to 8."""
     if img.mode == "P":
         img = img.convert("RGBA")  # a palette may carry transparency
     if img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info:

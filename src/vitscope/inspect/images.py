@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 
 
@@ -52,8 +52,11 @@ def display_image(image: Tensor | np.ndarray) -> np.ndarray:
 
 
 def load_image_files(paths: Sequence[str | Path], *, channels: int, size: tuple[int, int]) -> Tensor:
-    """Decode image files (PNG, JPEG, ...) to uint8 (B, C, H, W), converted to `channels` and
-    resized to `size` = (H, W) as the model takes them."""
+    """Decode image files (PNG, JPEG, ...) to uint8 (B, C, H, W) as the training data was decoded
+    (vitscope.data.folder): converted to `channels` (transparency over white), then centre-cropped to the
+    model's aspect and resized to `size` = (H, W), so a photo is not squashed."""
+    from vitscope.data.folder import convert_mode
+
     mode = {1: "L", 3: "RGB"}.get(channels)
     if mode is None:
         raise ValueError(f"images can be read for 1- or 3-channel models, not {channels} channels")
@@ -64,8 +67,7 @@ def load_image_files(paths: Sequence[str | Path], *, channels: int, size: tuple[
             raise FileNotFoundError(f"no image file at {p}")
         try:
             with Image.open(p) as im:
-                im = im.convert("RGBA").convert(mode) if im.mode in ("P", "LA", "RGBA") else im.convert(mode)
-                im = im.resize((size[1], size[0]), Image.Resampling.BICUBIC)
+                im = ImageOps.fit(convert_mode(im, mode), (size[1], size[0]), Image.Resampling.BICUBIC)
                 a = np.asarray(im, dtype=np.uint8)
         except (OSError, Image.DecompressionBombError) as e:
             raise ValueError(f"cannot read {p} as an image: {e}") from e
