@@ -117,12 +117,12 @@ def test_eval_reads_a_folder_of_grayscale_images_as_the_model_does(run_dir, tmp_
     assert res["n"] == 40
     import torch
 
-    from vitscope.cli import load_for_inference
+    from vitscope.model_source import open_model
     from vitscope.train import evaluate
 
-    model, info = load_for_inference(run_dir)
+    model, info = open_model(run_dir)
     ds.images, ds.labels = ds.images[:40], ds.labels[:40]
-    direct = evaluate(model, ds, info["mean"], info["std"], batch_size=40, device=torch.device("cpu"))
+    direct = evaluate(model, ds, info.mean, info.std, batch_size=40, device=torch.device("cpu"))
     assert res["accuracy"] == direct["acc"]  # the same pixels, read from PNG files
 
 
@@ -284,7 +284,6 @@ def test_vitscopes_own_warnings_are_one_plain_line(monkeypatch):
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     _plain_warnings("vitscope eval")
     _plain_warnings("vitscope train")  # a second main() in one process replaces the first, not wraps it
-    assert warnings.formatwarning.python_format.__module__ == "warnings"
     assert warnings.formatwarning("skipped 1 file", UserWarning, folder.__file__, 9) == (
         "vitscope train: warning: skipped 1 file\n")
     assert "other.py:9: UserWarning: theirs" in warnings.formatwarning("theirs", UserWarning, "/x/other.py", 9)

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 import typing
+import warnings
 from pathlib import Path
 
 EXIT_USAGE = 2
@@ -22,17 +23,6 @@ class UsageError(Exception):
 
 
 # -- shared helpers ---------------------------------------------------------------------------------
-def load_for_inference(path: str | Path):
-    """(model in eval mode, dict of what it says: classes, named_classes, mean, std, dataset, checkpoint) for a
-    run directory, a checkpoint, a timm file or a preset with pretrained weights (vitscope.model_source)."""
-    from vitscope.model_source import open_model
-
-    model, m = open_model(path)
-    info = {"classes": m.classes, "named_classes": m.named_classes, "mean": m.mean, "std": m.std,
-            "dataset": m.dataset, "checkpoint": m.source, "train_config": m.train_config}
-    return model, info
-
-
 def _field_type(tp):
     """(scalar type argparse should parse a dataclass field with, its choices, whether None is allowed)."""
     origin = typing.get_origin(tp)
@@ -226,36 +216,30 @@ def add_eval_parser(sub) -> None:
 def run_eval(args) -> int:
     import torch
 
-    from vitscope.data import dataset_options, load_dataset
+    from vitscope.model_source import load_data, open_model
     from vitscope.train import evaluate
 
     if args.shift < 0:
         raise UsageError(f"--shift is a number of pixels, at least 0, got {args.shift}")
-    model, info = load_for_inference(args.checkpoint)
-    name = args.dataset or info["dataset"]
+    model, info = open_model(args.checkpoint)
+    name = args.dataset or info.dataset
     if not name:
         raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
-    size = model.config.img_size
-    run = info["train_config"] if name == info["dataset"] else {}  # the same data as the run: its files, split
-    args.split = args.split or run.get("eval_split") or "test"
-    # image folders and Pets decode to the channels the model takes (grayscale files to 1, not RGB)
-    extra = {"channels": model.config.in_chans} if "channels" in dataset_options(name) else {}
-    data = load_dataset(name, args.split, root=args.data_dir or run.get("data_dir"),
-                        image_size=size if isinstance(size, int) else None, **extra)
+    data, split = load_data(model, info, name, args.split, args.data_dir)
     if model.num_classes != len(data.classes):
         raise UsageError(f"the model has {model.num_classes} outputs but {name} has {len(data.classes)} classes: "
                          f"evaluate it on the data it was trained on (fine-tune it first: vitscope train "
                          f"--pretrained true, or --config)")
     _check_images_fit(model, data.images)
-    if info["named_classes"] and list(info["classes"]) != list(data.classes):
-        raise UsageError(f"the checkpoint's classes ({_listed(info['classes'])}, from {info['dataset'] or 'its run'}) "
+    if info.named_classes and list(info.classes) != list(data.classes):
+        raise UsageError(f"the checkpoint's classes ({_listed(info.classes)}, from {info.dataset or 'its run'}) "
                          f"are not {name}'s ({_listed(data.classes)}): its accuracy there would mean nothing; "
                          f"evaluate on the data it was trained on, with the same class folders")
-    res = evaluate(model, data, info["mean"], info["std"], batch_size=args.batch_size,
+    res = evaluate(model, data, info.mean, info.std, batch_size=args.batch_size,
                    device=torch.device("cpu"), flip=args.flip, shift=args.shift)
     conf = res["confusion"]
     per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
-    out = {"checkpoint": info["checkpoint"], "dataset": name, "split": args.split, "flip": args.flip,
+    out = {"checkpoint": info.source, "dataset": name, "split": split, "flip": args.flip,
            "shift": args.shift, "n": int(conf.sum()),
            "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
            "confusion": conf.tolist()}
@@ -268,7 +252,7 @@ def run_eval(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{name} {args.split}: {out['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
+        print(f"{name} {split}: {out['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
         width = max(len(c) for c in data.classes)
         for c, acc in per_class.items():
             print(f"  {c:<{width}}  {100 * acc:6.2f}%")
@@ -347,23 +331,24 @@ def run_predict(args) -> int:
     import torch
 
     from vitscope.data.transforms import eval_transform
+    from vitscope.model_source import open_model
 
-    model, info = load_for_inference(args.checkpoint)
+    model, info = open_model(args.checkpoint)
     files = _image_files(args.images)
     named = {p for p in args.images if p.is_file()}
     size = model.config.img_size
     size = (size, size) if isinstance(size, int) else tuple(size)
-    k = max(1, min(args.top_k, len(info["classes"])))
+    k = max(1, min(args.top_k, len(info.classes)))
     results = []
     for s in range(0, len(files), 256):
         x, chunk = _readable_images(files[s : s + 256], named, channels=model.config.in_chans, size=size)
         if not chunk:
             continue
         with torch.no_grad():
-            probs = model(eval_transform(x, info["mean"], info["std"])).softmax(-1)
+            probs = model(eval_transform(x, info.mean, info.std)).softmax(-1)
         top = probs.topk(k, dim=-1)
         for f, pv, iv in zip(chunk, top.values.tolist(), top.indices.tolist()):
-            results.append({"file": str(f), "top": [{"label": info["classes"][i], "prob": round(p, 4)}
+            results.append({"file": str(f), "top": [{"label": info.classes[i], "prob": round(p, 4)}
                                                     for p, i in zip(pv, iv)]})
     if not results:
         raise UsageError(f"no image could be read from the {len(files)} files found (each is named above)")
@@ -452,20 +437,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PYTHON_FORMATWARNING = warnings.formatwarning
+
+
 def _plain_warnings(prog: str) -> None:
     """vitscope's own warnings (skipped files and the like) as `vitscope train: warning: ...` lines, without
     the source line Python's format adds; other libraries' warnings keep their file and line."""
-    import warnings
-
     package = str(Path(__file__).resolve().parent)
-    python_format = getattr(warnings.formatwarning, "python_format", warnings.formatwarning)  # main() again
 
     def formatwarning(message, category, filename, lineno, line=None):
         if str(Path(filename).resolve()).startswith(package):
             return f"{prog}: warning: {message}\n"
-        return python_format(message, category, filename, lineno, line)
+        return _PYTHON_FORMATWARNING(message, category, filename, lineno, line)
 
-    formatwarning.python_format = python_format
     warnings.formatwarning = formatwarning
 
 

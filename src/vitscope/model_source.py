@@ -54,6 +54,22 @@ def open_model(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     return model, _info(model, meta, ckpt)
 
 
+def load_data(model: VisionTransformer, info: ModelInfo, name: str, split: str | None = None,
+              data_dir: str | Path | None = None):
+    """(one split of dataset `name` as `model` reads it, that split's name): image folders and Pets decoded to
+    its channels and (square) size, and for the run's own dataset the run's files and evaluation split where
+    none are given."""
+    from vitscope.data import dataset_options, load_dataset
+
+    run = info.train_config if name == info.dataset else {}
+    split = split or run.get("eval_split") or "test"
+    h, w = model.patch_embed.img_size
+    extra = {"channels": model.config.in_chans} if "channels" in dataset_options(name) else {}
+    data = load_dataset(name, split, root=data_dir or run.get("data_dir"), image_size=h if h == w else None,
+                        **extra)
+    return data, split
+
+
 def _head_count_hint(ckpt: Path, meta: dict[str, str]) -> dict:
     """The number of heads, which a timm state dict does not show: from the constructor arguments a file may
     carry in its metadata (`config`), else from the preset of the same width, depth and patch size."""

@@ -22,7 +22,6 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from vitscope.vit import VisionTransformer
@@ -140,5 +139,4 @@ def load_pretrained(model: VisionTransformer, source: str | Path | dict[str, Ten
     w = sd.get("patch_embed.proj.weight")
     if w is not None and w.dim() == 4 and w.shape[1] != model.config.in_chans:
         sd["patch_embed.proj.weight"] = adapt_input_channels(w, model.config.in_chans)
-    with torch.no_grad():
-        return load_timm_state_dict(model, sd)
+    return load_timm_state_dict(model, sd)

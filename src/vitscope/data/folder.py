@@ -224,11 +224,15 @@ def _made_split(
     return chosen
 
 
+def _empty_classes(items: list[tuple[Path, int]], classes: list[str]) -> list[str]:
+    found = {label for _, label in items}
+    return [c for i, c in enumerate(classes) if i not in found]
+
+
 def _refuse_empty_classes(items: list[tuple[Path, int]], classes: list[str], where: Path) -> None:
     """Each class sub-folder is an output of the model, so one without images is a mistake (as in
     torchvision's ImageFolder)."""
-    found = {label for _, label in items}
-    empty = [c for i, c in enumerate(classes) if i not in found]
+    empty = _empty_classes(items, classes)
     if empty and len(empty) < len(classes):  # none at all is reported below, with the file types looked for
         raise DataError(f"{where} has class folders with no image files in them: {', '.join(empty)}; "
                         f"add images or remove them (each class folder is a label the model learns)")
@@ -336,7 +340,6 @@ def verify_folder(root: str | Path) -> list[str]:
         )
         lines += [f"  unreadable: {p}" for p in problems]
         if split in ("", "train"):  # each class folder is a label; one without images cannot be trained
-            empty = [c for i, c in enumerate(classes) if i not in {label for _, label in items}]
             lines += [f"  no images in class folder: {c} (training refuses it; add images or remove it)"
-                      for c in empty]
+                      for c in _empty_classes(items, classes)]
     return lines

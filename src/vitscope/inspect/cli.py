@@ -54,26 +54,16 @@ def _load(path: Path):
     from vitscope.model_source import open_model
 
     try:
-        model, info = open_model(path)
+        return open_model(path)
     except ValueError as e:
         raise ExplainError(f"cannot load {path}: {e}") from e
-    meta = {"classes": info.classes if info.named_classes else None, "source": info.source,
-            "dataset": info.dataset, "train_config": info.train_config,
-            "mean": list(info.mean) if info.normalisation_known else None,
-            "std": list(info.std) if info.normalisation_known else None}
-    return model, meta
 
 
-def _dataset_sample(args, model, meta: dict, n: int):
-    from vitscope.data import dataset_options, load_dataset
+def _dataset_sample(args, model, info, n: int):
+    from vitscope.model_source import load_data
 
-    run_dir = meta["train_config"].get("data_dir") if args.dataset == meta["dataset"] else None
-    kwargs = {"root": args.data_dir or run_dir} if args.data_dir or run_dir else {}
-    h, w = model.patch_embed.img_size
     try:
-        if "channels" in dataset_options(args.dataset):  # image folders, Pets: decode as the model reads
-            kwargs["channels"] = model.config.in_chans
-        ds = load_dataset(args.dataset, args.split, image_size=h if h == w else None, **kwargs)
+        ds, _ = load_data(model, info, args.dataset, args.split, args.data_dir)
     except Exception as e:  # the data layer explains missing or damaged files in its message
         raise ExplainError(f"cannot load dataset {args.dataset!r} ({args.split}): {e}") from e
     if tuple(ds.images.shape[1:]) != (model.config.in_chans, *model.patch_embed.img_size):
@@ -107,8 +97,10 @@ def explain(args: argparse.Namespace) -> list[Path]:
 
     if not args.images and not args.dataset:
         raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
-    model, meta = _load(Path(args.model))
-    mean, std, classes = meta.get("mean"), meta.get("std"), meta.get("classes")
+    model, info = _load(Path(args.model))
+    known = info.normalisation_known
+    mean, std = (list(info.mean), list(info.std)) if known else (None, None)
+    classes = info.classes if info.named_classes else None
     h, w = model.patch_embed.img_size
     images, labels, names = [], None, []
     if args.images:
@@ -116,7 +108,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
         names += [Path(p).name for p in args.images]
     ds = None
     if args.dataset:
-        ds, ds_images, ds_labels, ds_classes = _dataset_sample(args, model, meta, args.num)
+        ds, ds_images, ds_labels, ds_classes = _dataset_sample(args, model, info, args.num)
         classes = classes or ds_classes
         mean, std = mean or list(ds.mean), std or list(ds.std)
         images.append(ds_images)
@@ -124,8 +116,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
         labels = [None] * len(args.images) + ds_labels.tolist()
     images = torch.cat(images)
     if mean is None or std is None:  # as predict and eval read such a checkpoint: timm's ViT weights' scale
-        c = model.config.in_chans
-        mean, std = [0.5] * c, [0.5] * c
+        mean, std = list(info.mean), list(info.std)
         print("vitscope explain: warning: the checkpoint records no mean/std; assuming 0.5 and 0.5 (timm's ViT "
               "weights'), as predict and eval do", file=sys.stderr)
     out = Path(args.out)
