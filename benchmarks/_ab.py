@@ -2,10 +2,10 @@
 
 Every variant lives in one process and their timed rounds alternate, so a drift of the host's speed
 (about 20% here, over minutes) falls on all of them alike. A step is the training step of
-vitscope.train (bfloat16 autocast, or float32 with `--dtype float32`): forward, cross-entropy,
+vitscope.training.loop (bfloat16 autocast, or float32 with `--dtype float32`): forward, cross-entropy,
 backward, the optimizer (fused AdamW unless a script chooses Muon), zero_grad. The process keeps its
-freed memory (vitscope/allocator.py): a bare loop of steps faults about twice as often as
-vitscope.train's loop does with glibc's defaults, and kept memory brings it to the trainer's speed,
+freed memory (vitscope/kernels/allocator.py): a bare loop of steps faults about twice as often as
+vitscope.training.loop's loop does with glibc's defaults, and kept memory brings it to the trainer's speed,
 so it is the closer stand-in for the step users get.
 """
 
@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from _machine import machine_header, rate_text
-from vitscope import allocator
 from vitscope.cli import UsageError, parse_model_sets
+from vitscope.kernels import allocator
 from vitscope.models import create_model
-from vitscope.optim import OptimizerName, build_optimizer
+from vitscope.training.optim import OptimizerName, build_optimizer
 
 DTYPES = ("bfloat16", "float32")
 
@@ -32,7 +32,7 @@ def training_step(model: nn.Module, batch: int, optimizer: OptimizerName = "adam
                   keep_freed_memory: bool = True, dtype: str = "bfloat16",
                   phase: Callable[[str, Callable[[], object]], object] | None = None) -> Callable[[], None]:
     """One training step of `model` on a fixed random batch, as a closure, under bfloat16 autocast
-    (`dtype="float32"`: none); the optimizer is built as vitscope.train builds it, and the process
+    (`dtype="float32"`: none); the optimizer is built as vitscope.training.loop builds it, and the process
     keeps its freed memory unless `keep_freed_memory` is False (see the module's docstring). `phase`,
     where given, runs each of the step's three parts, phase(name, part) for "forward" (with the loss),
     "backward" and "optimizer" (with zero_grad), and returns what the part returns: a way to time them."""

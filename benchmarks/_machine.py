@@ -68,7 +68,7 @@ def machine_info() -> dict[str, object]:
     """Facts about this machine and software, for a benchmark's header."""
     import torch
 
-    from vitscope import bf16
+    from vitscope.kernels import bf16
 
     model, flags = _cpuinfo()
     mem_gib = None

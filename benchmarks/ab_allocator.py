@@ -1,4 +1,4 @@
-"""A/B: the training step with freed memory kept in the process (vitscope.allocator) against glibc's defaults.
+"""A/B: the training step with freed memory kept in the process (vitscope.kernels.allocator) against glibc's defaults.
 
     python benchmarks/ab_allocator.py                                       # the quick preset, batch 128
     python benchmarks/ab_allocator.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator  # noqa: E402
+from vitscope.kernels import allocator  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 VARIANTS = ("kept", "default")

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
-from vitscope import native  # noqa: E402
+from vitscope.kernels import native  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 

@@ -5,12 +5,12 @@
 
 The kernel is native/conv_weight_grad.c under bfloat16 autocast (the default), and with `--dtype float32`
 native/conv_weight_grad_f32_avx2.c in float32 steps. Two tables, both from one process with freed memory
-kept (vitscope.allocator):
+kept (vitscope.kernels.allocator):
 - alone: each stem conv's weight gradient as the training step has it (channels-last g and x in the
   step's dtype), the kernel against `convolution_backward` asked for the weight's gradient only, in
   alternating rounds; milliseconds, GFLOP/s and the largest error against float64 (relative to its
   largest value);
-- in the step: whole training steps with the kernel and without (vitscope.fused_conv.fusable saying no),
+- in the step: whole training steps with the kernel and without (vitscope.kernels.fused_conv.fusable saying no),
   alternating (benchmarks/_ab.py), and the time autograd spends in each stem conv's backward node (both
   gradients; the patch projection's too), read from hooks on the nodes themselves (module hooks would
   change the step).
@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator, fused_conv, fused_linear, native  # noqa: E402
+from vitscope.kernels import allocator, fused_conv, fused_linear, native  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 BF, CL = torch.bfloat16, torch.channels_last

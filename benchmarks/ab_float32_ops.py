@@ -28,7 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import fused_gelu, fused_linear, linear_f32, native  # noqa: E402
+from vitscope.kernels import fused_gelu, fused_linear, linear_f32, native  # noqa: E402
 
 SHAPES = ["384x128", "128x128", "512x128", "128x512"]  # the plain ViT's qkv, proj, fc1 and fc2
 

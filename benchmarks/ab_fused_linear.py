@@ -5,7 +5,7 @@
     python benchmarks/ab_fused_linear.py --training --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/ab_fused_linear.py --gelu --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
 
-vitscope's linear layers and patch embedding (vitscope/fused_linear.py) run oneDNN's linear with the
+vitscope's linear layers and patch embedding (vitscope/kernels/fused_linear.py) run oneDNN's linear with the
 bias applied to the float32 accumulator wherever the compute dtype is bfloat16; where nothing needs
 gradients fc1's GELU is fused too, and in training the backward is addmm's. This times one model's
 inference forwards (`torch.inference_mode`, bfloat16 autocast, a fixed random batch), or with
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator, fused_linear  # noqa: E402
+from vitscope.kernels import allocator, fused_linear  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 

@@ -19,36 +19,36 @@
         --batch 256       # float32 (CPUs without AVX-512: the AVX2 attention, GELU and linear, oneDNN's linear)
 
 Parts (each switched off by making its `fusable`/`usable` say no):
-- `attention`: vitscope/short_attention.py, the attention forward and backward (AMX tiles, or AVX512-BF16), from and
+- `attention`: vitscope/kernels/short_attention.py, the attention forward and backward (AMX tiles, or AVX512-BF16), from and
   to the qkv projection (off: the explicit softmax path);
-- `mlp`: vitscope/fused_mlp.py, a C pass writing gelu(a) and gelu'(a), and the multiply by gelu'(a)
+- `mlp`: vitscope/kernels/fused_mlp.py, a C pass writing gelu(a) and gelu'(a), and the multiply by gelu'(a)
   inside fc2's backward matmul (off: fc1, nn.GELU and fc2 as modules, still with fused_linear's
   bias-in-matmul linears); in float32, the same inside native/linear_f32_avx2.c's products;
-- `layernorm`: vitscope/fused_layer_norm.py, LayerNorm writing bfloat16 for the next linear layer and
+- `layernorm`: vitscope/kernels/fused_layer_norm.py, LayerNorm writing bfloat16 for the next linear layer and
   reading the bfloat16 gradient (off: nn.LayerNorm in float32 and autocast's casts);
-- `residual`: vitscope/fused_residual.py, the residual add of a bfloat16 branch into the float32
+- `residual`: vitscope/kernels/fused_residual.py, the residual add of a bfloat16 branch into the float32
   stream in one pass (off: `x + y`, which first copies y to float32);
-- `add-norm`: vitscope/fused_add_norm.py, a block's first residual add and norm2 in one pass, and its
+- `add-norm`: vitscope/kernels/fused_add_norm.py, a block's first residual add and norm2 in one pass, and its
   second with the next block's norm1 (in a model's loop over unhooked blocks), in inference into the
   first sum in place (off: the residual and LayerNorm kernels apart; switching either of those off
   switches this off too);
 - `add-norm-chain`: the part of `add-norm` across blocks alone (off: the model's loop calls each block
   as a module, each block's second residual added on its own);
-- `gelu`: vitscope/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
+- `gelu`: vitscope/kernels/fused_gelu.py, the conv stem's GELU from a table, its derivative kept for the
   backward (off: nn.GELU's ops; models without a stem have none; with `bn-gelu` on, only where that
   cannot run); in float32 (AVX2 CPUs) every GELU, the stem's and the MLPs', from native/gelu_f32_avx2.c;
-- `bn-gelu`: vitscope/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way, in float32
+- `bn-gelu`: vitscope/kernels/fused_bn_gelu.py, the stem's BatchNorm and GELU in one kernel each way, in float32
   (AVX2 CPUs) from native/batch_norm_f32_avx2.c (off: the two modules);
-- `weight-grad`: native/weight_grad.c (vitscope/fused_linear.py's `weight_grad`), the linear layers'
+- `weight-grad`: native/weight_grad.c (vitscope/kernels/fused_linear.py's `weight_grad`), the linear layers'
   weight gradients where the output is small (off: oneDNN's matmul);
-- `conv-wgrad`: vitscope/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c, in
+- `conv-wgrad`: vitscope/kernels/fused_conv.py, the conv stem's weight gradients from native/conv_weight_grad.c, in
   float32 (AVX2 CPUs) from native/conv_weight_grad_f32_avx2.c (off: oneDNN's convolution backward);
-- `linear`: native/linear.c (vitscope/linear_kernel.py), the linear layers' products forward and their input
+- `linear`: native/linear.c (vitscope/kernels/linear_kernel.py), the linear layers' products forward and their input
   gradients, with fc1's GELU and the multiply by its derivative in the same passes (off: oneDNN's linear
   and matmul, and the GELU table's own pass);
-- `onednn-f32`: vitscope/fused_linear.py's float32 path, the linear layers' forward and input gradient in
+- `onednn-f32`: vitscope/kernels/fused_linear.py's float32 path, the linear layers' forward and input gradient in
   oneDNN's linear on AMD CPUs without AVX-512 (off: F.linear, MKL);
-- `linear-f32`: native/linear_f32_avx2.c (vitscope/linear_f32.py), the float32 path's three products (forward,
+- `linear-f32`: native/linear_f32_avx2.c (vitscope/kernels/linear_f32.py), the float32 path's three products (forward,
   input gradient, weight and bias gradients) on AMD CPUs without AVX-512 (off: oneDNN's linear forward and for
   the input gradient, torch.mm and a column sum for the weight and bias gradients);
 - `all`: the thirteen together (or name several parts).
@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
-from vitscope import (  # noqa: E402
+from vitscope.kernels import (  # noqa: E402
     allocator,
     fused_add_norm,
     fused_bn_gelu,

@@ -12,9 +12,9 @@ For each (in, out) shape, four products as a training step has them, bfloat16, `
 - input grad: g W, against torch's matmul;
 - input grad × d: (g W) ∘ d rounded once, against oneDNN's matmul with the multiply in its epilogue
   (`_linear_pointwise.binary`: fc2's backward, d = gelu'(a)).
-Both sides run in alternating rounds in one process, freed memory kept (vitscope.allocator). Prints each
+Both sides run in alternating rounds in one process, freed memory kept (vitscope.kernels.allocator). Prints each
 one's milliseconds, GFLOP/s, largest error against the float64 product (relative to its largest value)
-and the ratio. Products the kernel does not take (vitscope.linear_kernel.runnable) are marked.
+and the ratio. Products the kernel does not take (vitscope.kernels.linear_kernel.runnable) are marked.
 
 `--in-step` times the products inside whole bfloat16 training steps instead (benchmarks/_ab.py): steps with
 the kernel and steps without alternate in one process, and each product's time is summed by its kind
@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator, fused_gelu, fused_linear, fused_mlp, linear_kernel, native  # noqa: E402
+from vitscope.kernels import allocator, fused_gelu, fused_linear, fused_mlp, linear_kernel, native  # noqa: E402
 
 ONEDNN = fused_linear._KERNEL
 

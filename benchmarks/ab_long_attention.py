@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_header  # noqa: E402
-from vitscope import short_attention  # noqa: E402
+from vitscope.kernels import short_attention  # noqa: E402
 
 
 def operands(n: int, b: int, h: int, d: int, dtype: torch.dtype, contiguous: bool):

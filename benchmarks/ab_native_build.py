@@ -6,20 +6,20 @@
     python benchmarks/ab_native_build.py --ref HEAD --ref-flags "-O3 -fPIC -fopenmp -std=gnu11" \
         --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --dtype float32   # the compiler's flags
 
-A change to vitscope/native/ is measured against the commit before it: that commit's kernel sources
-(`git show REF:src/vitscope/native/...`) are built beside the working tree's, both libraries are
+A change to vitscope/kernels/native/ is measured against the commit before it: that commit's kernel sources
+(`git show REF:src/vitscope/kernels/native/...`) are built beside the working tree's, both libraries are
 loaded, and the model's training steps (benchmarks/_ab.py), or with `--inference` its inference
-forwards, alternate between them round by round, with `vitscope.native.library` answering with one
+forwards, alternate between them round by round, with `vitscope.kernels.native.library` answering with one
 library or the other. Everything else (the Python side, the model, the batch) is the working tree's,
 so the C functions' signatures must be the same in both. Separate processes would not do here: this
 host's speed drifts by 10-20% over minutes, more than most kernel changes are worth.
 
 `--attention B N H D` times the attention kernels alone instead (bfloat16, or float32 with `--dtype
-float32`), as a ViT's layer calls them (vitscope.short_attention on one fused qkv projection's output,
+float32`), as a ViT's layer calls them (vitscope.kernels.short_attention on one fused qkv projection's output,
 (B, N, 3·H·D)): the forward with its log-sum-exps, and the backward, each in milliseconds per call,
 alternating between the two builds.
 
-`--ref-flags` builds the ref's sources with other compiler flags than vitscope.native.FLAGS (its
+`--ref-flags` builds the ref's sources with other compiler flags than vitscope.kernels.native.FLAGS (its
 instruction sets' flags are added as ever): with `--ref HEAD` the same code compiled two ways.
 """
 
@@ -37,10 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
-from vitscope import allocator, native, short_attention  # noqa: E402
+from vitscope.kernels import allocator, native, short_attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
-NATIVE = "src/vitscope/native"
+NATIVE = "src/vitscope/kernels/native"
 
 
 def sources_at(ref: str, into: Path) -> Path:
@@ -84,7 +84,7 @@ def differing(ours: dict[str, tuple[str, ...]], theirs: dict[str, tuple[str, ...
 
 
 def load_from(folder: Path):
-    """The kernels built from `folder`'s sources, loaded and typed as vitscope.native loads its own."""
+    """The kernels built from `folder`'s sources, loaded and typed as vitscope.kernels.native loads its own."""
     here = native._HERE
     native._HERE = folder
     try:
@@ -100,7 +100,7 @@ def load_from(folder: Path):
 
 
 def using(step, lib):
-    """`step` run with vitscope.native.library() answering `lib`."""
+    """`step` run with vitscope.kernels.native.library() answering `lib`."""
     return ab.with_attribute(step, native, "library", lambda: lib)
 
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ref", default="HEAD", help="the commit whose kernels are B (default HEAD)")
     ap.add_argument("--inference", action="store_true", help="time inference forwards instead of training steps")
     ap.add_argument("--ref-flags", metavar="FLAGS",
-                    help="compile the ref's kernels with these flags instead of vitscope.native.FLAGS (quoted, "
+                    help="compile the ref's kernels with these flags instead of vitscope.kernels.native.FLAGS (quoted, "
                          "space-separated): the same sources with other flags, with --ref HEAD")
     ap.add_argument("--attention", type=int, nargs=4, metavar=("B", "N", "H", "D"),
                     help="time the attention kernels alone (in --dtype) on a (B, N, 3·H·D) qkv instead of a model")

@@ -1,10 +1,10 @@
-"""A/B: the training step with Muon (vitscope.optim, `--optimizer muon`) against fused AdamW.
+"""A/B: the training step with Muon (vitscope.training.optim, `--optimizer muon`) against fused AdamW.
 
     python benchmarks/ab_optimizer.py [--model vit_fmnist_quick] [--rounds 8] [--steps 8]
     python benchmarks/ab_optimizer.py --batched [--model vit_fmnist_quick]
 
 Muon adds five Newton-Schulz iterations per hidden matrix to every step; this measures what that
-costs in images/s. With `--batched`, both variants train with Muon: vitscope's (vitscope.muon, the
+costs in images/s. With `--batched`, both variants train with Muon: vitscope's (vitscope.training.muon, the
 same-shaped matrices iterated together) against torch.optim.Muon's own step, one matrix at a time;
 it also prints whether their parameters came out bit for bit equal after the timed steps.
 Both models start from the same weights, live in one process and their timed rounds alternate
@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
-from vitscope import muon  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
+from vitscope.training import muon  # noqa: E402
 
 
 def make_steps(model: str, batch: int) -> dict:

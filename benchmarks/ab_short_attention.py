@@ -6,8 +6,8 @@
     python benchmarks/ab_short_attention.py --attention-only
     python benchmarks/ab_short_attention.py --dtype float32 ...   # the float32 kernel (AVX-512)
 
-vitscope/short_attention.py runs its own kernels for attention with at most 256 keys: in bfloat16 on
-AMX CPUs (vitscope/native/short_attention.c) or, without AMX, with AVX512-BF16 (native/attention_bf16.c),
+vitscope/kernels/short_attention.py runs its own kernels for attention with at most 256 keys: in bfloat16 on
+AMX CPUs (vitscope/kernels/native/short_attention.c) or, without AMX, with AVX512-BF16 (native/attention_bf16.c),
 in float32 on AVX-512 CPUs (native/attention_f32.c).
 This times one model's inference forwards (`torch.inference_mode`, a fixed random batch), or with
 `--training` its training steps (benchmarks/_ab.py), under bfloat16 autocast or in float32
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
 from ab_fused_linear import inference_step  # noqa: E402
-from vitscope import allocator, short_attention  # noqa: E402
+from vitscope.kernels import allocator, short_attention  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 SHAPES = [(256, 4, 50, 32), (64, 6, 197, 64)]  # (B, H, N, D): the plain Fashion-MNIST ViT and ViT-S/16

@@ -5,9 +5,9 @@
 
 For each (out, in) shape, bfloat16 g (rows, out) and x (rows, in) as a training step has them (the
 plain 28x28 ViT at batch 256 has 12800 rows: its qkv, proj, fc1 and fc2 by default); both products
-are timed in alternating rounds in one process, freed memory kept (vitscope.allocator). Prints each
+are timed in alternating rounds in one process, freed memory kept (vitscope.kernels.allocator). Prints each
 one's milliseconds, GFLOP/s and largest error against the float64 product (relative to its largest
-value), and the ratio. Shapes the kernel does not take (vitscope.fused_linear._native_weight_grad)
+value), and the ratio. Shapes the kernel does not take (vitscope.kernels.fused_linear._native_weight_grad)
 are marked and time oneDNN's product on both sides.
 
 `--bias-in-step` times whole bfloat16 training steps instead (benchmarks/_ab.py, alternating rounds):
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import allocator, fused_linear, native  # noqa: E402
+from vitscope.kernels import allocator, fused_linear, native  # noqa: E402
 
 
 def bias_in_step(argv: list[str]) -> None:

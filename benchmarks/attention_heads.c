@@ -1,8 +1,8 @@
-/* Times vitscope's AVX512-BF16 attention kernels (src/vitscope/native/attention_bf16.c) without Python:
+/* Times vitscope's AVX512-BF16 attention kernels (src/vitscope/kernels/native/attention_bf16.c) without Python:
    one (batch, head) in cache, phase by phase, and a whole layer of heads from memory.
 
        gcc -O3 -fopenmp -std=gnu11 -mfma -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 \
-           -I src/vitscope/native benchmarks/attention_heads.c -o /tmp/attention_heads -lm
+           -I src/vitscope/kernels/native benchmarks/attention_heads.c -o /tmp/attention_heads -lm
        /tmp/attention_heads 50 32          # one head, N = 50, D = 32 (the plain 28x28 ViT's)
        /tmp/attention_heads 50 32 256 4 2  # and a layer: B = 256, H = 4 heads, on 2 threads
 

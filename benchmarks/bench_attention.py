@@ -4,7 +4,7 @@ Cases use ViT-S heads (H=6, D=64) and about 4,096 tokens per batch (B = round(40
 least 1), N in {65, 257, 1025, 4097, 16385}, float32 and bfloat16, forward (inference mode) and
 forward+backward. Each case runs in a fresh Python process: one call measures peak memory, then
 warm-up, then the median of several timed repeats. Each worker keeps its freed memory
-(vitscope/allocator.py; `--malloc default` for glibc's own thresholds), so a path that allocates a
+(vitscope/kernels/allocator.py; `--malloc default` for glibc's own thresholds), so a path that allocates a
 large fresh output, such as the explicit path's (B, H, N, N) weights, does not also pay page faults.
 
 Implementations, attention cores on q, k, v (B, H, N, D):
@@ -51,7 +51,7 @@ QUICK_N = (65, 257, 1025)
 SWEEP_N = (65, 129, 197, 257, 385, 513, 769, 1025)
 QUICK_SWEEP_N = (65, 257, 513)
 DTYPES = ("float32", "bfloat16")
-MALLOC = {"kept": "freed memory kept in each worker process, every implementation alike (vitscope.allocator)",
+MALLOC = {"kept": "freed memory kept in each worker process, every implementation alike (vitscope.kernels.allocator)",
           "default": "glibc's default thresholds"}
 MODES = ("fwd", "fwd+bwd")
 CORES = ("attend", "fused", "explicit", "tutorial")
@@ -134,13 +134,13 @@ def tutorial_attention(q, k, v):
 
 
 def _kernel_used(fn, train: bool) -> str:
-    """'vitscope kernel' if fn() runs vitscope's C attention kernel (vitscope/short_attention.py), 'fused'
+    """'vitscope kernel' if fn() runs vitscope's C attention kernel (vitscope/kernels/short_attention.py), 'fused'
     if it calls F.scaled_dot_product_attention, else 'explicit' (observed, not assumed)."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
-    from vitscope import short_attention
+    from vitscope.kernels import short_attention
 
     class Spy(TorchFunctionMode):
         fused = False
@@ -291,7 +291,7 @@ def run_peak(spec: dict) -> dict:
     """Best torch.mm throughput over a few large square sizes: this machine's matmul peak."""
     import torch
 
-    from vitscope import bf16
+    from vitscope.kernels import bf16
 
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])
@@ -317,10 +317,10 @@ def run_peak(spec: dict) -> dict:
 
 
 def default_dtypes() -> list[str]:
-    """Both dtypes, or float32 alone (saying so) where bfloat16 matmuls are only emulated (vitscope.bf16): there
+    """Both dtypes, or float32 alone (saying so) where bfloat16 matmuls are only emulated (vitscope.kernels.bf16): there
     PyTorch's fallback loop runs them at 1-15 GFLOP/s, and every implementation's bfloat16 case takes minutes.
     Shared with bench_vit.py, whose `--dtypes` flag overrides it as this script's does."""
-    from vitscope import bf16
+    from vitscope.kernels import bf16
 
     if bf16.native_matmul():
         return list(DTYPES)
@@ -332,7 +332,8 @@ def default_dtypes() -> list[str]:
 def add_malloc_flag(parser: argparse.ArgumentParser) -> None:
     """`--malloc kept|default`, shared with bench_vit.py; each spec carries the choice to its worker."""
     parser.add_argument("--malloc", choices=list(MALLOC), default="kept",
-                        help="kept (default): every worker keeps its freed memory (vitscope/allocator.py), every "
+                        help="kept (default): every worker keeps its freed memory (vitscope/kernels/allocator.py), "
+                             "every "
                              "implementation alike, so none pays page faults for fresh outputs; default: glibc's "
                              "own thresholds")
 
@@ -340,7 +341,7 @@ def add_malloc_flag(parser: argparse.ArgumentParser) -> None:
 def apply_malloc(spec: dict) -> None:
     """In a worker: keep freed memory if the spec says so (it is the process's allocator, not a model's)."""
     if spec.get("malloc") == "kept":
-        from vitscope.allocator import keep_freed_memory
+        from vitscope.kernels.allocator import keep_freed_memory
 
         keep_freed_memory()
 

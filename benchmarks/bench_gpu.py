@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import bench_vit  # noqa: E402
 from vitscope.attention import MultiHeadAttention, attend  # noqa: E402
-from vitscope.train import compile_options  # noqa: E402
+from vitscope.training.loop import compile_options  # noqa: E402
 
 SECTION = "## GPU (benchmarks/bench_gpu.py)"
 GPU_BATCH = {"fmnist_plain": {"train": 1024, "infer": 4096}, "vit_s16": {"train": 128, "infer": 512}}
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compile-only", action="store_true", help="with --compile: only the compiled rows")
     ap.add_argument("--shapes", nargs="+", default=list(GPU_BATCH), choices=list(GPU_BATCH))
     ap.add_argument("--no-coalesce-tiling", action="store_true",
-                    help="compile as `vitscope train --compile` does on a GPU (vitscope.train.compile_options): "
+                    help="compile as `vitscope train --compile` does on a GPU "
+                         "(vitscope.training.loop.compile_options): "
                          "Inductor's coalesce tiling analysis off, since torch 2.11's asserts in it on ViT-S/16")
     ap.add_argument("--no-attention", action="store_true", help="skip the attention tables")
     args = ap.parse_args(argv)

@@ -14,7 +14,7 @@ Shapes: `fmnist_plain` (28x28x1, patch 4, width 128, depth 6, heads 4, MLP 512, 
 vitscope's Fashion-MNIST preset model `vit_fmnist_quick` (conv stem; vitscope only; both recipes train it).
 Each in float32 and in bfloat16 autocast, eager and under torch.compile. Every case runs in a
 fresh Python process, so its peak memory is its own; each process keeps its freed memory, as
-`vitscope eval` does (vitscope/allocator.py; `--malloc default` for glibc's own behaviour).
+`vitscope eval` does (vitscope/kernels/allocator.py; `--malloc default` for glibc's own behaviour).
 
     .venv/bin/python benchmarks/bench_vit.py                          # full run, ~20-25 min on 2 cores
     .venv/bin/python benchmarks/bench_vit.py --passes 3               # every case 3 times, median pass (~40 min)
@@ -211,7 +211,7 @@ def run_case(spec: dict) -> dict:
     x = torch.randn(spec["batch"], cfg.in_chans, img, img)
     y = torch.randint(0, cfg.num_classes, (spec["batch"],))
     model.train(train)
-    # Each implementation with the optimizer its own training code uses: vitscope.train uses the fused
+    # Each implementation with the optimizer its own training code uses: vitscope.training.loop uses the fused
     # AdamW kernel; the others are shown with torch's default AdamW, as their examples use it.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=spec["impl"] == "vitscope") if train else None
 
@@ -586,20 +586,21 @@ NOTES = (
     "images/s: batch ÷ median step time. vitscope ÷ this: vitscope's images/s over this row's, same mode, dtype "
     "and compile (above 1: vitscope is faster). A training step is forward, cross-entropy, backward, "
     "`AdamW.step()` and `zero_grad(set_to_none=True)`, with the AdamW each library's training code uses "
-    "(vitscope: `fused=True`, as `vitscope.train` does; the others: torch's default); inference is a forward in "
+    "(vitscope: `fused=True`, as `vitscope.training.loop` does; the others: torch's default); "
+    "inference is a forward in "
     "`torch.inference_mode()`. "
     "bfloat16 rows run under `torch.autocast('cpu', dtype=torch.bfloat16)` with float32 weights. Dropout is 0.0 "
     "everywhere (the tutorial's included) so all implementations compute the same function; vitscope's last "
     "block computes the class token's output alone where the head reads nothing else (token pooling), which the "
     "others compute for every token and then drop; in bfloat16 vitscope's linear layers and patch embedding run "
     "oneDNN's fused linear (the bias, and in inference fc1's GELU, inside the matmul; in training under an "
-    "autograd function with addmm's backward; vitscope/fused_linear.py); on AVX-512 CPUs vitscope's C kernels "
-    "(vitscope/native/) run the attention (float32 with AVX-512, at most 256 keys; bfloat16 with AMX or "
+    "autograd function with addmm's backward; vitscope/kernels/fused_linear.py); on AVX-512 CPUs vitscope's C kernels "
+    "(vitscope/kernels/native/) run the attention (float32 with AVX-512, at most 256 keys; bfloat16 with AMX or "
     "AVX512-BF16, any length) and, with AVX512-BF16, the bfloat16 training MLP's GELU with its derivative, the "
     "blocks' LayerNorms and residual adds, the linear layers' weight gradients, and without AMX the linear "
-    "layers' forward and input-gradient products (vitscope/linear_kernel.py) and the conv stem's weight "
+    "layers' forward and input-gradient products (vitscope/kernels/linear_kernel.py) and the conv stem's weight "
     "gradients; on AMD CPUs with AVX2 and without AVX-512, in float32, the attention (AVX2 build), the linear "
-    "layers' three products with the MLP's GELU inside them (vitscope/linear_f32.py), every GELU, and the conv "
+    "layers' three products with the MLP's GELU inside them (vitscope/kernels/linear_f32.py), every GELU, and the conv "
     "stem's weight gradients and BatchNorm + GELU; compiled, the attention and the training MLP (bfloat16, or "
     "float32 on those CPUs, where the linear layers run as a custom op too) run as custom "
     "ops the graph keeps, the rest as Inductor lowers it. "

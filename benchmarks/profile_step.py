@@ -9,7 +9,7 @@
         --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --loop 16   # then: perf report -i /tmp/perf.data
 
 The step is the one the ab_*.py scripts time (benchmarks/_ab.py: bfloat16 autocast, forward,
-cross-entropy, backward, the optimizer as vitscope.train builds it). After a warm-up it profiles
+cross-entropy, backward, the optimizer as vitscope.training.loop builds it). After a warm-up it profiles
 `--steps` steps and prints the machine, then the operators sorted by self CPU time. `--kernels` times
 instead each call into vitscope's C kernels (native.library() answers a wrapper that times them) and each
 part of the step (forward with the loss, backward, optimizer), and prints per part the time inside the
@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _ab as ab  # noqa: E402
 from _machine import machine_header  # noqa: E402
-from vitscope import native  # noqa: E402
+from vitscope.kernels import native  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 
 

@@ -51,7 +51,7 @@ def long_vit_grads_against_pytorch(monkeypatch, dtype: torch.dtype, tol: float) 
     """577 tokens (96×96, patch 4): a two-block ViT's gradients for one training step (`dtype`: float32, or
     bfloat16 autocast) with vitscope's attention kernels, its blockwise forward and backward, held within
     `tol` of the same step with them switched off (PyTorch's kernels)."""
-    from vitscope import short_attention
+    from vitscope.kernels import short_attention
     from vitscope.models import create_model
 
     torch.manual_seed(0)
@@ -81,7 +81,7 @@ def qkv_attention_against_float64(dtype: torch.dtype, queries: int | None, g_str
     same attention in float64 through the usual split (its first `queries` queries, or all). Returns
     (out, qkv grad, float64 out, float64 qkv grad); checks that attend_qkv accepted the input and that
     queries past the first n got no gradient. `g_stride` > 1 hands it a non-contiguous output gradient."""
-    from vitscope import short_attention
+    from vitscope.kernels import short_attention
 
     b, h, d = 3, 4, 32
     gen = torch.Generator().manual_seed(5)

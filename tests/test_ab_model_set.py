@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vitscope import short_attention
+from vitscope.kernels import short_attention
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "ab_model_set.py"
 
@@ -95,7 +95,7 @@ def test_kept_freed_memory_against_glibc_defaults():
 
 
 def _needs_onednn_bf16_linear() -> None:
-    from vitscope import fused_linear
+    from vitscope.kernels import fused_linear
 
     if not fused_linear.available():
         pytest.skip("this CPU has no oneDNN bfloat16 linear (bfloat16 is emulated): the script has nothing to compare")
@@ -161,7 +161,7 @@ def test_compile_ab_times_eager_and_both_compiled_graphs():
 
 
 def test_conv_weight_grad_ab_times_each_stem_conv_alone_and_in_the_step():
-    from vitscope import native
+    from vitscope.kernels import native
 
     if not native.has("avx512_bf16"):
         pytest.skip(f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
@@ -174,7 +174,7 @@ def test_conv_weight_grad_ab_times_each_stem_conv_alone_and_in_the_step():
 
 
 def test_kernels_ab_switches_one_part_off_with_either_optimizer():
-    from vitscope import native
+    from vitscope.kernels import native
 
     if not native.has("avx512_bf16"):
         pytest.skip(f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
@@ -186,7 +186,7 @@ def test_kernels_ab_switches_one_part_off_with_either_optimizer():
 
 @pytest.mark.slow
 def test_float32_conv_weight_grad_ab_and_two_parts_switched_off_together():
-    from vitscope import fused_linear
+    from vitscope.kernels import fused_linear
 
     if not fused_linear.float32_kernels():
         pytest.skip("the float32 conv kernel runs on AMD CPUs with AVX2 and without AVX-512")
@@ -207,7 +207,7 @@ def test_float32_ops_ab_times_each_product_and_the_gelu():
     out, rows = _table("ab_float32_ops.py", "--rows", "64", "--shapes", "32x16", "--rounds", "1", "--reps", "1")
     assert [r.split(" | ")[0] for r in rows[1:4]] == ["| forward x Wᵀ + b", "| input grad g W", "| weight grad gᵀ x"]
     assert all(float(r.split(" | ")[-1].rstrip(" |")) < 1e-5 for r in rows[1:4])  # both near float64
-    from vitscope import fused_gelu, linear_f32
+    from vitscope.kernels import fused_gelu, linear_f32
 
     rest = rows[4:]
     if linear_f32.usable():  # vitscope's own float32 products against the path without them
@@ -221,7 +221,7 @@ def test_float32_ops_ab_times_each_product_and_the_gelu():
 
 
 def test_linear_ab_times_each_product_alone_and_in_the_step():
-    from vitscope import native
+    from vitscope.kernels import native
 
     if not native.has("avx512_bf16"):
         pytest.skip(f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
@@ -236,7 +236,7 @@ def test_linear_ab_times_each_product_alone_and_in_the_step():
 
 
 def test_dpbf16_peak_compiles_and_prints_both_rates(tmp_path):
-    from vitscope import native
+    from vitscope.kernels import native
 
     if not native.has("avx512_bf16") or native.compiler() is None:
         pytest.skip(f"needs AVX512-BF16 and a C compiler: {native.why_not('avx512_bf16')}")
@@ -314,7 +314,7 @@ def test_native_build_ab_times_the_attention_kernels_alone(capsys):
         sys.path.remove(str(SCRIPT.parent))
     import torch
 
-    from vitscope import short_attention
+    from vitscope.kernels import short_attention
 
     if short_attention.kernel_for(torch.bfloat16) is None:
         pytest.skip("no bfloat16 attention kernel runs here")
@@ -328,7 +328,7 @@ def test_native_build_ab_times_the_attention_kernels_alone(capsys):
 
 @pytest.mark.slow
 def test_profile_kernels_splits_the_step_inside_and_outside_the_kernels():
-    from vitscope import native
+    from vitscope.kernels import native
 
     if native.library() is None:
         pytest.skip("vitscope's kernels do not run here")

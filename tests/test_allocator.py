@@ -1,4 +1,4 @@
-"""vitscope.allocator: freed blocks are reused instead of being faulted in again, and other allocators are left
+"""vitscope.kernels.allocator: freed blocks are reused instead of being faulted in again, and other allocators are left
 alone. The fault counts run in fresh processes, since the setting is process-wide."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vitscope import allocator
+from vitscope.kernels import allocator
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
                            reason="the setting is for glibc's malloc")
@@ -21,7 +21,7 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc
 FAULTS = """
 import json, resource, sys
 import torch
-from vitscope import allocator
+from vitscope.kernels import allocator
 kept = allocator.keep_freed_memory() if sys.argv[1] == "kept" else None
 for _ in range(5):  # glibc settles where it puts the block in the first few rounds
     torch.empty(12 << 20).fill_(1.0)
@@ -86,7 +86,7 @@ def test_the_inference_commands_keep_freed_memory(monkeypatch, capsys, argv, kep
 @pytest.mark.parametrize("keep", [False, True])
 def test_training_keeps_freed_memory_only_when_the_run_asks(monkeypatch, tmp_path, keep):
     from test_train import tiny_config
-    from vitscope.train import train
+    from vitscope.training.loop import train
 
     calls = []
     monkeypatch.setattr(allocator, "keep_freed_memory", lambda: calls.append(1))

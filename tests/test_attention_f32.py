@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
-from vitscope import short_attention
 from vitscope.attention import MultiHeadAttention, attend
+from vitscope.kernels import short_attention
 from vitscope.models import create_model
 
 KERNEL = short_attention.kernel_for(torch.float32)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from vitscope import (
-    bench,
+from vitscope.cli import bench, main
+from vitscope.kernels import (
     fused_add_norm,
     fused_bn_gelu,
     fused_gelu,
@@ -18,7 +18,6 @@ from vitscope import (
     fused_residual,
     short_attention,
 )
-from vitscope.cli import main
 
 SMALL = ["--set", "depth=1", "--batch", "2", "--rounds", "1", "--steps", "1"]
 
@@ -33,7 +32,7 @@ def test_prints_the_kernels_and_both_variants(capsys):
 
 
 def test_float32_kernel_states_follow_the_kernels_checks():
-    from vitscope import linear_f32
+    from vitscope.kernels import linear_f32
 
     gelu, linear = dict(bench.float32_kernel_states()).values()
     assert gelu.startswith("on") == fused_gelu.fusable(torch.ones(2))

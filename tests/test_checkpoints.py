@@ -8,7 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vitscope.checkpoints import (
+from vitscope.positional import resample_pos_embed
+from vitscope.vit import VisionTransformer, ViTConfig
+from vitscope.weights.checkpoints import (
     atomic_write,
     check_state_dict,
     config_from_timm_state_dict,
@@ -21,8 +23,6 @@ from vitscope.checkpoints import (
     save_model,
     save_training_state,
 )
-from vitscope.positional import resample_pos_embed
-from vitscope.vit import VisionTransformer, ViTConfig
 
 SMALL = dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4,
              mlp_ratio=2.0)
@@ -89,7 +89,7 @@ def test_save_model_crash_keeps_previous_checkpoint(tmp_path, images, monkeypatc
     path = save_model(model, tmp_path / "m.safetensors")
     before = path.read_bytes()
 
-    import vitscope.checkpoints as ck
+    import vitscope.weights.checkpoints as ck
 
     def torn_save(tensors, filename, metadata=None):
         with open(filename, "wb") as f:

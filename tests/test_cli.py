@@ -117,8 +117,8 @@ def test_eval_reads_a_folder_of_grayscale_images_as_the_model_does(run_dir, tmp_
     assert res["n"] == 40
     import torch
 
-    from vitscope.model_source import open_model
-    from vitscope.train import evaluate
+    from vitscope.training.loop import evaluate
+    from vitscope.weights.model_source import open_model
 
     model, info = open_model(run_dir)
     ds.images, ds.labels = ds.images[:40], ds.labels[:40]
@@ -185,8 +185,8 @@ def test_cuda_without_cuda_says_what_to_do(capsys):
 
 
 def test_data_the_model_cannot_take(tmp_path, capsys):
-    from vitscope.checkpoints import save_model
     from vitscope.models import create_model
+    from vitscope.weights.checkpoints import save_model
 
     ckpt = tmp_path / "rgb.safetensors"
     save_model(create_model("vit_tiny_patch4_28", in_chans=3, img_size=8, patch_size=2, depth=1), ckpt)
@@ -238,10 +238,10 @@ def test_every_train_flag_says_what_it_does_and_its_default():
     import argparse
     import dataclasses
 
-    from vitscope.cli import _shown, build_parser
+    from vitscope.cli.main import _shown, build_parser
     from vitscope.data.transforms import TrainTransform
-    from vitscope.recipes import get_recipe
-    from vitscope.train import TrainConfig
+    from vitscope.training.loop import TrainConfig
+    from vitscope.training.recipes import get_recipe
 
     for cls in (TrainConfig, TrainTransform):
         assert all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls
@@ -279,7 +279,7 @@ def test_vitscopes_own_warnings_are_one_plain_line(monkeypatch):
     import warnings
 
     import vitscope.data.folder as folder
-    from vitscope.cli import _plain_warnings
+    from vitscope.cli.main import _plain_warnings
 
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     _plain_warnings("vitscope eval")

@@ -110,8 +110,8 @@ FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("timm_*.safetensors"
 def test_timm_checkpoints_reproduce_timms_outputs_on_cuda(path):
     from safetensors.torch import load_file
 
-    from vitscope.checkpoints import load_timm_state_dict, read_metadata
     from vitscope.vit import VisionTransformer, ViTConfig
+    from vitscope.weights.checkpoints import load_timm_state_dict, read_metadata
 
     t = load_file(path)
     model = VisionTransformer(ViTConfig.from_dict(json.loads(read_metadata(path)["config"]))).eval()
@@ -127,8 +127,8 @@ def test_timm_checkpoints_reproduce_timms_outputs_on_cuda(path):
 
 def test_transformers_vit_gives_the_same_logits_on_cuda():
     transformers = pytest.importorskip("transformers")
-    from vitscope.checkpoints import hf_to_vitscope
     from vitscope.vit import VisionTransformer
+    from vitscope.weights.checkpoints import hf_to_vitscope
 
     torch.manual_seed(0)
     cfg = transformers.ViTConfig(image_size=224, patch_size=16, num_channels=3, hidden_size=96,
@@ -220,7 +220,7 @@ def test_capture_takes_images_from_the_cpu_for_a_model_on_the_gpu():
 
 def test_compile_options_compile_a_vit_s16_training_step():
     """torch 2.11's Inductor asserted in its coalesce tiling analysis on this step; compile_options turns it off."""
-    from vitscope.train import compile_options
+    from vitscope.training.loop import compile_options
 
     torch.manual_seed(0)
     model = create_model("vit_small_patch16_224", num_classes=10, depth=2).to(CUDA)
@@ -233,9 +233,9 @@ def test_compile_options_compile_a_vit_s16_training_step():
 
 def test_training_run_on_cuda_learns_and_its_checkpoint_loads_on_the_cpu(tmp_path):
     pytest.importorskip("sklearn")
-    from vitscope.checkpoints import load_model
     from vitscope.data.transforms import TrainTransform
-    from vitscope.train import TrainConfig, train
+    from vitscope.training.loop import TrainConfig, train
+    from vitscope.weights.checkpoints import load_model
 
     tiny = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
             "class_token": False, "global_pool": "avg"}

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from conftest import random_layer_norm
-from vitscope import fused_add_norm, fused_layer_norm, fused_residual, native
+from vitscope.kernels import fused_add_norm, fused_layer_norm, fused_residual, native
 from vitscope.vit import Block
 
 BF = torch.bfloat16

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_bn_gelu, fused_gelu, native
+from vitscope.kernels import fused_bn_gelu, fused_gelu, native
 from vitscope.models import create_model
 
 BF = torch.bfloat16

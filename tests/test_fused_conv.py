@@ -1,4 +1,4 @@
-"""vitscope/fused_conv.py: the conv's weight gradient from native/conv_weight_grad.c (bfloat16) and
+"""vitscope/kernels/fused_conv.py: the conv's weight gradient from native/conv_weight_grad.c (bfloat16) and
 native/conv_weight_grad_f32_avx2.c (float32), against float64 and against oneDNN's convolution backward (the
 reference we did not write)."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_conv, fused_linear, native
+from vitscope.kernels import fused_conv, fused_linear, native
 from vitscope.models import create_model
 
 BF = torch.bfloat16

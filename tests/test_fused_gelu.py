@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscope import fused_bn_gelu, fused_gelu, native
+from vitscope.kernels import fused_bn_gelu, fused_gelu, native
 from vitscope.models import create_model
 
 BF = torch.bfloat16

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from conftest import assert_grads_close, random_layer_norm
-from vitscope import fused_add_norm, fused_layer_norm, native
+from vitscope.kernels import fused_add_norm, fused_layer_norm, native
 from vitscope.vit import Block
 
 needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),

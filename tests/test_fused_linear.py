@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitscope import fused_gelu, fused_linear, linear_kernel, native
-from vitscope.fused_linear import Linear
+from vitscope.kernels import fused_gelu, fused_linear, linear_kernel, native
+from vitscope.kernels.fused_linear import Linear
 from vitscope.vit import Mlp, VisionTransformer, ViTConfig
 
 pytestmark = pytest.mark.skipif(not fused_linear.available(), reason="no oneDNN bfloat16 linear in this torch/CPU")
@@ -170,7 +170,7 @@ def test_forward_ad_and_torch_func_keep_f_linear(calls):
 
 
 def test_the_gelu_is_fused_only_where_no_gradient_is_needed(calls, monkeypatch):
-    from vitscope import fused_mlp
+    from vitscope.kernels import fused_mlp
 
     monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)  # training's own MLP: tests/test_fused_mlp.py
     mlp = Mlp(48, 96)
@@ -327,7 +327,7 @@ def test_a_replaced_fc1_runs_its_own_forward(calls):
 
 
 def test_vit_training_gradients_match_the_unfused_model(calls, monkeypatch):
-    from vitscope import fused_mlp
+    from vitscope.kernels import fused_mlp
 
     monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)  # training's own MLP: tests/test_fused_mlp.py
     torch.manual_seed(0)
@@ -397,7 +397,7 @@ def test_weight_grad_kernel_reads_strided_rows_and_leaves_other_shapes_to_onednn
         assert torch.equal(dw, a.t() @ b) and torch.equal(db, a.sum(0))
     assert not fused_linear._native_weight_grad(torch.randn(64, 32), torch.randn(64, 64))  # float32
     assert not fused_linear._native_weight_grad(g.t(), x.t())
-    monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: True)
+    monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
     assert not fused_linear._native_weight_grad(g, x)  # oneDNN's AMX tiles instead
     monkeypatch.undo()
     monkeypatch.setattr(native, "runnable", lambda *t, isa: False)

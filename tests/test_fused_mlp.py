@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close
-from vitscope import fused_mlp, native
+from vitscope.kernels import fused_mlp, native
 from vitscope.vit import Mlp
 
 _w = torch.ones(2, 2, dtype=torch.bfloat16)

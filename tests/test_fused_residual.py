@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitscope import fused_add_norm, fused_residual, native
+from vitscope.kernels import fused_add_norm, fused_residual, native
 from vitscope.vit import Block
 
 needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close
-from vitscope import fused_gelu, native
+from vitscope.kernels import fused_gelu, native
 from vitscope.models import create_model
 
 needs_kernel = pytest.mark.skipif(not fused_gelu.fusable(torch.ones(2)),
@@ -96,7 +96,7 @@ def test_double_backward_raises():
 
 @needs_kernel
 def test_a_vit_trains_through_it_with_pytorchs_gradients(monkeypatch):
-    from vitscope import fused_bn_gelu, fused_mlp
+    from vitscope.kernels import fused_bn_gelu, fused_mlp
 
     calls = []
     kernel = fused_gelu.gelu

@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from vitscope import create_model
-from vitscope.checkpoints import save_model
-from vitscope.inspect.cli import add_explain_parser, run_explain
+from vitscope.cli.explain import add_explain_parser, run_explain
+from vitscope.weights.checkpoints import save_model
 
 
 def _parse(argv):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscope import fused_linear, linear_f32, native
+from vitscope.kernels import fused_linear, linear_f32, native
 from vitscope.vit import VisionTransformer, ViTConfig
 
 needs_kernel = pytest.mark.skipif(not linear_f32.usable(),
@@ -125,7 +125,7 @@ def test_gelu_epilogue_and_the_multiply(shape, threads):
 @needs_kernel
 @pytest.mark.skipif(not fused_linear.float32_available(), reason="fused_linear's float32 path is off on this CPU")
 def test_float32_mlp_keeps_gelus_value_and_derivative_with_autograds_numbers():
-    from vitscope import fused_mlp
+    from vitscope.kernels import fused_mlp
 
     torch.manual_seed(0)
     x = torch.randn(3, 50, 64, requires_grad=True)

@@ -1,4 +1,4 @@
-"""vitscope/linear_kernel.py (native/linear.c): a linear layer's bfloat16 products, forward (with the bias, and
+"""vitscope/kernels/linear_kernel.py (native/linear.c): a linear layer's bfloat16 products, forward (with the bias, and
 with GELU and its derivative looked up in the same pass) and its input gradient (with the multiply by GELU's
 derivative), against float64 and against oneDNN's linear and torch's matmul (the references we did not
 write); and where the model's layers call it."""
@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscope import fused_gelu, fused_linear, linear_kernel, native
+from vitscope.kernels import fused_gelu, fused_linear, linear_kernel, native
 from vitscope.models import create_model
 
 BF = torch.bfloat16
 
 needs_kernel = pytest.mark.skipif(
-    not native.has("avx512_bf16") or fused_linear._cpu_has_amx(),
+    not native.has("avx512_bf16") or native.cpu_has_amx(),
     reason="vitscope's linear kernel runs with AVX512-BF16 and without AMX: "
            f"{native.why_not('avx512_bf16') or 'this CPU has AMX'}")
 
@@ -113,7 +113,7 @@ def test_runnable_takes_only_what_the_kernel_handles(monkeypatch):
     if not native.has("avx512_bf16"):
         assert not linear_kernel.runnable(x, w)
         return
-    monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: False)
+    monkeypatch.setattr(native, "cpu_has_amx", lambda: False)
     assert linear_kernel.runnable(x, w, _t(64))
     assert linear_kernel.runnable(_t(8, 64), w, forward=False)       # the input gradient: k = out
     assert not linear_kernel.runnable(x.float(), w)                  # bfloat16 only
@@ -126,7 +126,7 @@ def test_runnable_takes_only_what_the_kernel_handles(monkeypatch):
     assert not linear_kernel.runnable(_t(8, 96), w)
     assert not linear_kernel.runnable(x, w, forward=False)
     assert not linear_kernel.runnable(x, w, _t(63))
-    monkeypatch.setattr(fused_linear, "_cpu_has_amx", lambda: True)
+    monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
     assert not linear_kernel.runnable(x, w)                          # oneDNN's AMX tiles are faster
 
 

@@ -1,4 +1,4 @@
-"""What eval, predict and explain accept as the model (vitscope.model_source): timm's own checkpoint file and
+"""What eval, predict and explain accept as the model (vitscope.weights.model_source): timm's own checkpoint file and
 a preset's pretrained weights behind a file:// hub, besides vitscope's runs (tests/test_cli.py)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from vitscope.cli import main
-from vitscope.model_source import open_model
 from vitscope.models import create_model
-from vitscope.pretrained import TIMM_WEIGHTS
+from vitscope.weights.model_source import open_model
+from vitscope.weights.pretrained import TIMM_WEIGHTS
 
 TIMM_TINY = Path(__file__).parent / "fixtures" / "timm_vit_tiny_patch16_224_depth2.safetensors"
 

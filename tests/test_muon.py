@@ -1,4 +1,4 @@
-"""vitscope.muon.Muon (same-shaped matrices orthogonalised together) against torch.optim.Muon on copies."""
+"""vitscope.training.muon.Muon (same-shaped matrices orthogonalised together) against torch.optim.Muon on copies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitscope.muon import Muon, orthogonalize
+from vitscope.training.muon import Muon, orthogonalize
 
 # a ViT's repeats: two blocks' qkv (384, 128), proj (128, 128), fc1 (256, 128) and fc2 (128, 256), whose
 # oriented shapes make four batches; a conv kernel's (64, 288) and a tall (96, 32) alone
@@ -87,13 +87,13 @@ def test_state_dicts_load_into_torch_muon_and_back():
 def test_a_torch_without_muon_gets_a_clear_error(monkeypatch):
     import importlib
 
-    import vitscope.muon
+    import vitscope.training.muon
 
     monkeypatch.delattr(torch.optim, "Muon")
     try:
-        stale = importlib.reload(vitscope.muon)
+        stale = importlib.reload(vitscope.training.muon)
         with pytest.raises(RuntimeError, match="--optimizer adamw"):
             stale.Muon([nn.Parameter(torch.zeros(4, 4))], lr=0.02)
     finally:
         monkeypatch.undo()
-        importlib.reload(vitscope.muon)
+        importlib.reload(vitscope.training.muon)

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscope import native, short_attention
 from vitscope.attention import attend
+from vitscope.kernels import native, short_attention
 
 needs_library = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.why_not()}")
 
@@ -126,11 +126,11 @@ def test_every_kernel_source_and_header_ships_in_the_package():
 
     root = Path(__file__).resolve().parents[1]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vitscope"]
-    folder = root / "src" / "vitscope" / "native"
+    folder = root / "src" / "vitscope" / "kernels" / "native"
     needed = [p.name for p in folder.iterdir() if p.suffix in {".c", ".h"}]
     assert "simd.h" in needed
     for name in needed:
-        assert any(fnmatch.fnmatch(f"native/{name}", g) for g in globs), f"{name} is not in package-data"
+        assert any(fnmatch.fnmatch(f"kernels/native/{name}", g) for g in globs), f"{name} is not in package-data"
 
 
 @pytest.mark.parametrize("dtype,nk", [(torch.float32, 50), (torch.bfloat16, 50), (torch.bfloat16, 600)])
@@ -181,7 +181,7 @@ def test_has_carries_the_marker_assume_constant_result_sets():
 
 def test_importing_vitscope_leaves_dynamo_unloaded():
     """torch._dynamo costs 2-3 s to import: every CLI command and script would pay it."""
-    code = "import sys, vitscope, vitscope.cli, vitscope.train; print('torch._dynamo' in sys.modules)"
+    code = "import sys, vitscope, vitscope.cli, vitscope.training.loop; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
@@ -223,7 +223,7 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     import torch._dynamo as dynamo
     import torch.nn.functional as F
 
-    from vitscope import fused_linear, short_attention
+    from vitscope.kernels import fused_linear, short_attention
     from vitscope.models import create_model
 
     if bf16 and short_attention.kernel_for(torch.bfloat16) is None:
@@ -251,7 +251,7 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     # (qkv and proj per block, and the head)
     f32 = not bf16 and fused_linear.float32_kernels()
     assert ops.count("vitscope.mlp_f32.default") == (2 if f32 else 0)
-    assert ops.count("vitscope.linear_f32.default") == (5 if f32 else 0)
+    assert ops.count("vitscope.kernels.linear_f32.default") == (5 if f32 else 0)
     dynamo.reset()
     eager, compiled = grads(model), grads(torch.compile(model, backend="aot_eager"))
     dynamo.reset()

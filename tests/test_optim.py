@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from vitscope import bf16
+from vitscope.kernels import bf16
 from vitscope.models import create_model
-from vitscope.optim import MuonWithAdamW, build_optimizer, matrix_view, muon_param_names
+from vitscope.training.optim import MuonWithAdamW, build_optimizer, matrix_view, muon_param_names
 
 HYBRID = {"img_size": 16, "patch_size": 4, "in_chans": 1, "embed_dim": 32, "depth": 1, "num_heads": 2,
           "num_classes": 5, "stem": [(8, 1), (16, 2), (16, 2)], "class_token": False, "global_pool": "avg",

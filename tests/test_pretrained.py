@@ -1,4 +1,4 @@
-"""Pretrained weights (vitscope.pretrained): fetched from a hub laid out as huggingface.co serves timm's
+"""Pretrained weights (vitscope.weights.pretrained): fetched from a hub laid out as huggingface.co serves timm's
 files, here a folder behind a file:// HF_ENDPOINT, holding the checkpoint timm wrote (tests/fixtures)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from vitscope.models import create_model
-from vitscope.pretrained import TIMM_WEIGHTS, WeightsError, adapt_input_channels, weights_file, weights_url
+from vitscope.weights.pretrained import TIMM_WEIGHTS, WeightsError, adapt_input_channels, weights_file, weights_url
 
 TIMM_TINY = Path(__file__).parent / "fixtures" / "timm_vit_tiny_patch16_224_depth2.safetensors"
 SHAPE = {"depth": 2, "num_classes": 100}  # the fixture's ViT-Ti/16 is two blocks deep with 100 classes
@@ -112,9 +112,9 @@ def test_training_from_pretrained_weights_starts_from_them_and_resumes_offline(h
     the images are normalised as the weights were trained (0.5, 0.5), and a resumed run needs no hub."""
     import json
 
-    from vitscope.checkpoints import read_metadata
     from vitscope.data.transforms import TrainTransform
-    from vitscope.train import TrainConfig, train
+    from vitscope.training.loop import TrainConfig, train
+    from vitscope.weights.checkpoints import read_metadata
 
     cfg = TrainConfig(model="vit_tiny_patch16_224", model_args={"depth": 2}, pretrained=True, dataset="digits",
                       image_size=32, epochs=1, batch_size=64, lr=1e-9, weight_decay=0.0, clip_grad=None,

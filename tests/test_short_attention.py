@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
-from vitscope import native, short_attention
 from vitscope.attention import attend
+from vitscope.kernels import native, short_attention
 from vitscope.models import create_model
 
 BF = torch.bfloat16

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vitscope.checkpoints import (
+from vitscope.vit import VisionTransformer, ViTConfig
+from vitscope.weights.checkpoints import (
     config_from_timm_state_dict,
     create_from_timm,
     load_timm_state_dict,
     read_metadata,
 )
-from vitscope.vit import VisionTransformer, ViTConfig
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("timm_*.safetensors"))
 # timm's float32 outputs are themselves up to 3e-5 RMS from the float64 values (ViT-Ti/16 file), and a CPU

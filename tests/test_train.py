@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 
 pytest.importorskip("sklearn")
 
-from vitscope import train as train_module  # noqa: E402
 from vitscope.data.transforms import TrainTransform  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
-from vitscope.train import NonFiniteLoss, TrainConfig, train  # noqa: E402
+from vitscope.training import loop as train_module  # noqa: E402
+from vitscope.training.loop import NonFiniteLoss, TrainConfig, train  # noqa: E402
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
         "class_token": False, "global_pool": "avg"}
@@ -73,7 +73,7 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
     must not count that pause as one step's time."""
     import time
 
-    import vitscope.train as vt
+    import vitscope.training.loop as vt
 
     real_evaluate, rates = vt.evaluate, []
 
@@ -101,9 +101,9 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
 def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_path):
     import json
 
-    from vitscope.checkpoints import load_model
     from vitscope.data import load_dataset
-    from vitscope.train import evaluate
+    from vitscope.training.loop import evaluate
+    from vitscope.weights.checkpoints import load_model
 
     res = train(tiny_config(epochs=1, eval_flip=True, final_eval_shift=1), tmp_path, progress=False)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -121,7 +121,7 @@ def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_pat
 def test_a_given_mean_and_std_are_the_ones_used_and_saved(tmp_path):
     import json
 
-    from vitscope.checkpoints import read_metadata
+    from vitscope.weights.checkpoints import read_metadata
 
     cfg = tiny_config(epochs=1, augment=TrainTransform(crop="none", flip=False, mean=(0.3,), std=(0.2,)))
     train(cfg, tmp_path, progress=False, max_steps=1)
@@ -244,7 +244,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
 
 def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():
     from vitscope.data import load_dataset
-    from vitscope.train import evaluate
+    from vitscope.training.loop import evaluate
 
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch4_28", in_chans=1, **TINY).eval()
@@ -274,7 +274,7 @@ def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():
 def test_compile_options_turn_off_inductors_tiling_analysis_on_a_gpu_only():
     """torch 2.11's Inductor asserted in its coalesce tiling analysis on ViT-S/16's training step on a GPU;
     `--compile` turns it off there (benchmarks/RESULTS.md, session 36), and this torch accepts the option."""
-    from vitscope.train import compile_options
+    from vitscope.training.loop import compile_options
 
     assert compile_options(torch.device("cpu")) == {}
     options = compile_options(torch.device("cuda"))

@@ -19,15 +19,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitscope import short_attention
-from vitscope.fused_linear import Linear
-
 # At or below this many keys, half-precision training runs the explicit path: PyTorch's fused CPU
 # kernel is slower backwards in bfloat16 at ViT-sized sequences. Measured (bench_attention.py's
 # crossover, forward+backward, bfloat16, explicit/fused time, on a Xeon with AMX, with the weights
 # kept in bfloat16): 0.11 at N=65, 0.57 at 197, 0.79 at 257, 0.97 at 513, 2.0 at 769 with glibc's
 # default allocator (what training runs on); with freed memory kept in the process
-# (vitscope/allocator.py) 0.12, 0.35, 0.42, 0.56, 0.76 and 0.93 at 1025. Above it the fused kernel
+# (vitscope/kernels/allocator.py) 0.12, 0.35, 0.42, 0.56, 0.76 and 0.93 at 1025. Above it the fused kernel
 # runs, so the Nq x Nk matrix is never materialised.
 EXPLICIT_HALF_MAX_KEYS = 512
 
@@ -129,17 +126,13 @@ def attend(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention. q (B, H, Nq, D), k and v (B, H, Nk, D) -> (B, H, Nq, Dv).
 
-    Without `return_weights` it runs vitscope's C kernels where they apply (vitscope.short_attention:
-    CPU, float32 or bfloat16, no mask or dropout; in float32 at most 256 keys where the CPU has
-    AVX-512, any number with AVX2 alone, in bfloat16 any number), else PyTorch's fused kernel (except
-    for short half-precision training sequences on CPU, where the explicit path is measured to be
-    faster); with it, the explicit softmax path, returning (out, weights (B, H, Nq, Nk)). A query row
-    with no key to look at returns zeros. `dropout_p` is applied to the weights as given: pass 0 in eval mode.
+    Without `return_weights` it runs PyTorch's fused kernel (except for short half-precision training
+    sequences on CPU, where the explicit path is measured to be faster); with it, the explicit softmax
+    path, returning (out, weights (B, H, Nq, Nk)). A query row with no key to look at returns zeros.
+    `dropout_p` is applied to the weights as given: pass 0 in eval mode.
     """
     nq, nk = q.shape[-2], k.shape[-2]
     fused = _use_fused(q, k, v, return_weights)
-    if not return_weights and mask is None and not causal and dropout_p == 0.0 and short_attention.usable(q, k, v):
-        return short_attention.attend(q, k, v, scale)  # vitscope's C kernels
     if fused and causal and mask is None and nq == nk:
         # The kernel's own causal mode never builds the (Nq, Nk) mask, and every row sees itself.
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
@@ -239,27 +232,27 @@ class MultiHeadAttention(nn.Module):
         self.num_heads, self.head_dim, self.scale = num_heads, head_dim, head_dim**-0.5
         self.cross = cross or context_dim is not None
         if self.cross:
-            self.q = Linear(dim, inner, bias=qkv_bias)
-            self.kv = Linear(context_dim or dim, 2 * inner, bias=qkv_bias)
+            self.q = nn.Linear(dim, inner, bias=qkv_bias)
+            self.kv = nn.Linear(context_dim or dim, 2 * inner, bias=qkv_bias)
         else:
-            self.qkv = Linear(dim, 3 * inner, bias=qkv_bias)
+            self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
         self.q_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
-        self.proj = Linear(inner, dim)
+        self.proj = nn.Linear(inner, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.capture: CaptureFn | None = None
         # Heads whose output is zeroed before `proj` (head-importance ablation); None = all kept.
         self.head_mask: Tensor | None = None
 
-    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None, queries: int | None = None,
-                 qkv: Tensor | None = None):
+    def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None, queries: int | None = None):
+        """q (B, H, Nq, D), k and v (B, H, Nk, D) for this call, keys and values through the cache."""
         if not self.cross:
             if context is not None:
                 raise ValueError(
                     "this attention was built for self-attention; build it with cross=True for context"
                 )
-            qkv = self.qkv(x) if qkv is None else qkv
+            qkv = self.qkv(x)  # (B, N, 3·H·D)
             q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
             if queries is not None:
                 q = q[:, :, :queries]  # (B, H, queries, D)
@@ -277,13 +270,6 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             cache.k, cache.v = k, v
         return self.q_norm(q), k, v
-
-    def _plain_self_attention(self, context, mask, causal, cache, want) -> bool:
-        """Whether this call is softmax(q kᵀ) v of the qkv projection alone, with nothing to mask, drop,
-        normalise, cache or capture: what vitscope's attention kernels take straight from qkv."""
-        return (not self.cross and context is None and mask is None and not causal and cache is None
-                and not want and self.head_mask is None and (self.attn_drop == 0.0 or not self.training)
-                and isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity))
 
     def forward(
         self,
@@ -306,13 +292,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("queries=n takes a key mask (..., 1, Nk) only, not causal=True or a per-query "
                              "mask; run all queries and slice the output instead")
         want = return_weights or self.capture is not None
-        qkv = None
-        if x.is_cpu and self._plain_self_attention(context, mask, causal, cache, want):  # the kernels: CPUs
-            qkv = self.qkv(x)  # (B, N, 3·H·D)
-            if short_attention.usable_qkv(qkv, self.num_heads, queries):
-                out = short_attention.attend_qkv(qkv, self.num_heads, self.scale, queries)  # (B, Nq, H·D)
-                return self.proj_drop(self.proj(out))
-        q, k, v = self._project(x, context, cache, queries, qkv)
+        q, k, v = self._project(x, context, cache, queries)
         out = attend(
             q, k, v, mask=mask, causal=causal, scale=self.scale,
             dropout_p=self.attn_drop if self.training else 0.0, return_weights=want,

@@ -37,17 +37,25 @@ def get_config(name: str, **overrides) -> ViTConfig:
     return cfg
 
 
-def create_model(name: str, pretrained: bool | str | Path = False, **overrides) -> VisionTransformer:
+def create_model(name: str, pretrained: bool | str | Path = False, *, kernels: bool = False,
+                 **overrides) -> VisionTransformer:
     """Build a preset, e.g. create_model("vit_base_patch16_224", num_classes=10).
 
+    `kernels=True` swaps vitscope's CPU kernels in (vitscope.kernels.apply); without it the model is plain
+    PyTorch.
+
     `pretrained=True` loads timm's pretrained weights for the ImageNet presets (downloaded once, see
-    vitscope.pretrained), `pretrained=PATH` a timm checkpoint file; overrides such as num_classes, in_chans
+    vitscope.weights.pretrained), `pretrained=PATH` a timm checkpoint file; overrides such as num_classes, in_chans
     and img_size adapt them as timm does."""
     model = VisionTransformer(get_config(name, **overrides))
     if pretrained is not False and pretrained is not None:
-        from vitscope.pretrained import load_pretrained, weights_file
+        from vitscope.weights.pretrained import load_pretrained, weights_file
 
         load_pretrained(model, weights_file(name) if pretrained is True else Path(pretrained))
+    if kernels:
+        from vitscope.kernels import apply
+
+        apply(model)
     return model
 
 

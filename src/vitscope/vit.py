@@ -2,6 +2,9 @@
 
 Parameter names are timm's, so timm checkpoints load as they are. Tokens are (B, N, D) with the
 prefix tokens (CLS) first, then the patches of an h x w grid in row-major order.
+
+This file is plain PyTorch. `vitscope.kernels.apply(model)` (or `create_model(..., kernels=True)`)
+swaps in vitscope's CPU kernels afterwards, without touching the parameters.
 """
 
 from __future__ import annotations
@@ -14,37 +17,16 @@ from typing import Literal
 import torch
 from einops import rearrange
 from torch import Tensor, nn
-from torch.nn.modules import module as torch_module
 
-from vitscope import (
-    fused_add_norm,
-    fused_bn_gelu,
-    fused_conv,
-    fused_gelu,
-    fused_layer_norm,
-    fused_linear,
-    fused_mlp,
-    fused_residual,
-)
 from vitscope.attention import MultiHeadAttention
-from vitscope.fused_linear import Linear
 from vitscope.positional import resample_pos_embed, sincos_2d
-
-
-def _has_hooks(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
-
-
-def _has_global_hooks() -> bool:
-    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-                or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks)
 
 
 def _pair(x) -> tuple[int, int]:
     return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
 
 
-STEM_ACTS = {"gelu": fused_gelu.GELU, "relu": nn.ReLU}  # fused_gelu.GELU: nn.GELU, from a table in bfloat16
+STEM_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 class ConvStem(nn.Sequential):
@@ -58,21 +40,6 @@ class ConvStem(nn.Sequential):
         super().__init__(*modules)
         self.out_chans = c
         self.stride = math.prod(s for _, s in layers)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """The modules in order; each BatchNorm with the GELU after it in one kernel where
-        vitscope/fused_bn_gelu.py allows and no hook could see between them, and in training each
-        conv's weight gradient from vitscope's kernel where vitscope/fused_conv.py allows."""
-        mods, i = list(self), 0
-        while i < len(mods):
-            if (i + 1 < len(mods) and fused_bn_gelu.fusable(x, mods[i], mods[i + 1])
-                    and not (_has_hooks(mods[i]) or _has_hooks(mods[i + 1]) or _has_global_hooks())):
-                x, i = fused_bn_gelu.bn_gelu(x, mods[i]), i + 2
-            elif fused_conv.fusable(x, mods[i]) and not (_has_hooks(mods[i]) or _has_global_hooks()):
-                x, i = fused_conv.conv2d(x, mods[i]), i + 1
-            else:
-                x, i = mods[i](x), i + 1
-        return x
 
 
 class PatchEmbed(nn.Module):
@@ -92,13 +59,9 @@ class PatchEmbed(nn.Module):
         k = patch_size // stride
         self.proj = nn.Conv2d(self.stem.out_chans if self.stem else in_chans, embed_dim, k, k)
         self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
-        if self.stem is not None:
-            # Channels-last weights and inputs: oneDNN runs the stem's convs faster so, 7% off the quick
-            # model's bfloat16 training step on CPU (benchmarks/ab_stem_layout.py). Both must be
-            # channels-last; the input alone gained nothing. load_state_dict keeps this layout.
-            self.to(memory_format=torch.channels_last)
 
     def check(self, x: Tensor) -> tuple[int, int]:
+        """The patch grid (h, w) of images x (B, C, H, W), or a ValueError that says what is wrong."""
         if x.ndim != 4:
             raise ValueError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
         _, c, h, w = x.shape
@@ -113,60 +76,23 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         self.check(x)
-        w, b = self.proj.weight, self.proj.bias
-        plain_conv = type(self.proj) is nn.Conv2d and not (_has_hooks(self.proj) or _has_global_hooks())
-        if self.stem is None and plain_conv and fused_linear.fusable(x, w, b):
-            # bfloat16: the stride-P conv is a linear map of each flattened patch; oneDNN's fused
-            # linear runs it 2-3x faster than its conv, with the same weights (fused_linear.py)
-            p = self.patch_size
-            patches = rearrange(x.to(torch.bfloat16), "b c (h p) (w q) -> b (h w) (c p q)", p=p, q=p)
-            return fused_linear.linear(patches, w.reshape(w.shape[0], -1), b)  # (B, N, D)
         if self.stem is not None:
-            # (B, C, H, W) with (B, H, W, C) memory, like the weights; the flatten below is then a view
-            x = self.stem(x.contiguous(memory_format=torch.channels_last))
-        return rearrange(self.proj(x), "b d h w -> b (h w) d")
-
-
-_EXACT_GELUS = (nn.GELU, fused_gelu.GELU)  # the activations the fused MLP paths may stand in for
+            x = self.stem(x)
+        return rearrange(self.proj(x), "b d h w -> b (h w) d")  # (B, N, D)
 
 
 class Mlp(nn.Module):
-    """fc1, GELU, fc2. In bfloat16 inference on CPU, fc1's bias runs inside its matmul and the GELU in
-    it or in a table pass right after (vitscope/fused_linear.py); in bfloat16 training the MLP keeps
-    GELU's derivative instead of its input (vitscope/fused_mlp.py), and so does float32 training on
-    fused_linear's float32 path (AMD CPUs without AVX-512; in float32 inference fc1's product with the GELU in
-    its pass measured 0.96x the GELU kernel's own pass). Either only where nothing could observe fc1's, the
-    GELU's or fc2's calls."""
+    """fc1 -> GELU -> fc2, the transformer's position-wise feed-forward network."""
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
-        self.fc1 = Linear(dim, hidden)
-        self.act = fused_gelu.GELU()  # nn.GELU, in vitscope's float32 kernel on CPUs without AVX-512
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = Linear(hidden, dim)
+        self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
 
-    def _gelu_fusable(self, x: Tensor) -> bool:
-        inner = (self.fc1, self.act, self.drop1)
-        return (type(self.act) in _EXACT_GELUS and self.act.approximate == "none" and type(self.fc1) is Linear
-                and not (self.drop1.training and self.drop1.p > 0)
-                and fused_linear.fusable(x, self.fc1.weight, self.fc1.bias)
-                and not fused_linear.needs_grad(x, self.fc1.weight, self.fc1.bias)
-                and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
-
-    def _training_fusable(self, x: Tensor) -> bool:
-        inner = (self.fc1, self.act, self.drop1, self.fc2)
-        return (type(self.act) in _EXACT_GELUS and self.act.approximate == "none" and type(self.fc1) is Linear
-                and type(self.fc2) is Linear and not (self.drop1.training and self.drop1.p > 0)
-                and fused_mlp.fusable(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
-                and not any(_has_hooks(m) for m in inner) and not _has_global_hooks())
-
     def forward(self, x: Tensor) -> Tensor:
-        if x.is_cpu and self._gelu_fusable(x):  # x.is_cpu first: the kernels are for CPUs, and on a GPU the
-            #                                      checks would only cost its host time
-            return self.drop2(self.fc2(fused_linear.linear(x, self.fc1.weight, self.fc1.bias, gelu=True)))
-        if x.is_cpu and self._training_fusable(x):
-            return self.drop2(fused_mlp.mlp(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias))
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
@@ -210,80 +136,11 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    @staticmethod
-    def _norm_fusable(norm: nn.Module, consumer: nn.Module) -> bool:
-        """Whether norm's output may go straight to bfloat16 for `consumer` (vitscope's attention or MLP,
-        whose first linear layer would cast it): nothing hooked could see the difference."""
-        first = getattr(consumer, "fc1" if type(consumer) is Mlp else "qkv", None)  # the layer that reads it
-        return (type(consumer) in (MultiHeadAttention, Mlp) and type(first) is Linear
-                and not (_has_hooks(norm) or _has_hooks(consumer) or _has_hooks(first) or _has_global_hooks()))
-
-    def _norm(self, norm: nn.Module, x: Tensor, consumer: nn.Module) -> Tensor:
-        """norm(x); under bfloat16 autocast, straight to the bfloat16 that `consumer`'s linear layer would
-        cast it to (vitscope/fused_layer_norm.py), where nothing hooked could see the difference."""
-        if x.is_cpu and fused_layer_norm.fusable(x, norm) and self._norm_fusable(norm, consumer):
-            return fused_layer_norm.layer_norm(x, norm)
-        return norm(x)
-
-    @staticmethod
-    def _plain_residual(ls: nn.Module, drop_path: DropPath) -> bool:
-        """Whether the residual's branch goes in as it is: no LayerScale, no stochastic depth, nothing hooked."""
-        return type(ls) is nn.Identity and (drop_path.p == 0.0 or not drop_path.training) and not _has_hooks(drop_path)
-
-    @staticmethod
-    def _residual(x: Tensor, branch: Tensor, ls: nn.Module, drop_path: DropPath, *, own_x: bool = False) -> Tensor:
-        """x + drop_path(ls(branch)); a bfloat16 branch with neither is added in one pass
-        (vitscope/fused_residual.py), into x itself where `own_x` (nothing else holds x) and autograd
-        records nothing."""
-        if x.is_cpu and Block._plain_residual(ls, drop_path) and fused_residual.fusable(x, branch):
-            if own_x and not _records(x, branch):
-                return fused_residual.add_(x, branch)
-            return fused_residual.add(x, branch)
-        return x + drop_path(ls(branch))
-
-    @staticmethod
-    def _add_norm(x: Tensor, branch: Tensor, ls: nn.Module, drop_path: DropPath, norm: nn.Module,
-                  consumer: nn.Module, *, own_x: bool = False) -> tuple[Tensor, Tensor] | None:
-        """(x + branch, norm of it in bfloat16 for `consumer`) in one pass (vitscope/fused_add_norm.py) where
-        the residual and the norm would both run vitscope's kernels and nothing hooked could see the sum's
-        float32 LayerNorm, the sum written into x itself where `own_x` and autograd records nothing; else
-        None."""
-        if (x.is_cpu and Block._plain_residual(ls, drop_path) and Block._norm_fusable(norm, consumer)
-                and fused_add_norm.fusable(x, branch, norm)):
-            out = x if own_x and not _records(x, branch) else None
-            return fused_add_norm.add_layer_norm(x, branch, norm, out=out)
-        return None
-
-    def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
-        """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
-        return self.forward_chained(x, None, None, queries=queries)[0]
-
-    def forward_chained(self, x: Tensor, normed: Tensor | None, following: Block | None, *,
-                        queries: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """`forward` for a model's loop over blocks nothing hooks: `normed` is norm1(x) in bfloat16 where the
-        block before computed it (else None); with `following` (the next block) the last residual add and
-        following.norm1 run in one pass where both would run vitscope's kernels. Returns (the output,
-        following.norm1 of it in bfloat16, or None)."""
-        attn = self.attn(self._norm(self.norm1, x, self.attn) if normed is None else normed, queries=queries)
-        x = x if queries is None else x[:, :queries]
-        fused = self._add_norm(x, attn, self.ls1, self.drop_path1, self.norm2, self.mlp)
-        if fused is None:
-            x = self._residual(x, attn, self.ls1, self.drop_path1)
-            h = self._norm(self.norm2, x, self.mlp)
-        else:
-            x, h = fused  # x + attn is this block's own tensor: the next sum may go into it
-        mlp = self.mlp(h)
-        if following is not None:
-            chained = self._add_norm(x, mlp, self.ls2, self.drop_path2, following.norm1, following.attn,
-                                     own_x=fused is not None)
-            if chained is not None:
-                return chained
-        return self._residual(x, mlp, self.ls2, self.drop_path2, own_x=fused is not None), None
-
-
-def _records(*ts: Tensor) -> bool:
-    """Whether autograd records an op on these tensors now."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, N, D) -> (B, N, D)."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
 
 
 @dataclass
@@ -403,7 +260,7 @@ class VisionTransformer(nn.Module):
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(d, eps=cfg.norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        self.head = Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(d, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         if cfg.pos_embed == "sincos2d":  # fixed: a buffer, recomputed rather than saved
             self.register_buffer("pos_embed_fixed", self._sincos(gh, gw), persistent=False)
         self._pos_cache: dict = {}
@@ -434,7 +291,7 @@ class VisionTransformer(nn.Module):
         ref = next(self.parameters())
         self.head = nn.Identity()
         if num_classes:
-            self.head = Linear(self.config.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+            self.head = nn.Linear(self.config.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
         self.num_classes = num_classes
@@ -488,30 +345,12 @@ class VisionTransformer(nn.Module):
         return self.pos_drop(x)
 
     # -- the model API (timm's) -----------------------------------------------------------------
-    def _chainable(self) -> bool:
-        """Whether the loop over blocks may chain them (Block.forward_chained): every block a vit.Block and
-        nothing hooked on them, so no one sees a block called other than as a module."""
-        return all(type(b) is Block and not _has_hooks(b) for b in self.blocks) and not _has_global_hooks()
-
-    def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
-        """x through every block, the last with `queries=last_queries`. Where every block is a vit.Block and
-        nothing is hooked on them, each block's last residual add and the next one's norm1 share a pass
-        (Block.forward_chained); otherwise each block is called as a module."""
-        blocks = list(self.blocks)
-        if not self._chainable():
-            for i, block in enumerate(blocks):
-                x = block(x, queries=last_queries) if i == len(blocks) - 1 and last_queries else block(x)
-            return x
-        normed = None
-        for i, block in enumerate(blocks):
-            last = i == len(blocks) - 1
-            x, normed = block.forward_chained(x, normed, None if last else blocks[i + 1],
-                                              queries=last_queries if last else None)
-        return x
-
     def forward_features(self, x: Tensor) -> Tensor:
         """All tokens after the last block and the final norm: (B, N, D)."""
-        return self.norm(self._run_blocks(self.embed(x)))
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
         if self.global_pool == "avg":
@@ -523,22 +362,8 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self._only_class_token_read():
-            return self.forward_head(self.forward_features(x))
-        # The head reads the class token alone, so the last block computes that one token's output
-        # (all tokens are still its keys and values): the same logits for 1/8 fewer FLOPs at depth 6.
-        x = self._run_blocks(self.embed(x), last_queries=1)  # (B, 1, D)
-        return self.forward_head(self.norm(x))
-
-    def _only_class_token_read(self) -> bool:
-        """True when nothing but the head sees the last block's output: token pooling, and no capture
-        or hook on the last block or the final norm that would expect every token."""
-        if self.global_pool != "token" or not len(self.blocks):
-            return False
-        last = self.blocks[-1]
-        if last.attn.capture is not None or _has_global_hooks():
-            return False
-        return not any(_has_hooks(m) for m in (*last.modules(), *self.norm.modules()))
+        """Images (B, C, H, W) -> logits (B, num_classes), or pooled features where num_classes is 0."""
+        return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(self, x: Tensor, indices: int | list[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NLC", "NCHW"] = "NLC", intermediates_only: bool = False,

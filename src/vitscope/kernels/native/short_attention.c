@@ -10,7 +10,7 @@
    divided by its sum and rounded once. PyTorch's flash kernel spends most of its time at these sizes
    on per-block overhead; this one keeps a whole head's scores in L1.
 
-   Built by vitscope/native/__init__.py with the system C compiler and loaded with ctypes; OpenMP
+   Built by vitscope/kernels/native/__init__.py with the system C compiler and loaded with ctypes; OpenMP
    comes from the libgomp that torch has already loaded, so both share one thread pool. */
 #include <immintrin.h>
 #include <stdint.h>

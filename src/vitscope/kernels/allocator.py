@@ -20,7 +20,7 @@ What it buys depends on the loop (benchmarks/RESULTS.md, session 18):
 This is process-wide and has no undo; `vitscope eval | predict | explain` call it, and so does
 `vitscope train --keep-freed-memory true`. Other allocators (jemalloc or tcmalloc through
 LD_PRELOAD, or a non-glibc libc) are left alone. In your own scripts, call
-`vitscope.allocator.keep_freed_memory()` once at the start.
+`vitscope.kernels.allocator.keep_freed_memory()` once at the start.
 """
 
 from __future__ import annotations

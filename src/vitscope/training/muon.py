@@ -21,7 +21,7 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from vitscope import bf16
+from vitscope.kernels import bf16
 
 _TORCH_MUON = getattr(torch.optim, "Muon", None)
 
@@ -46,7 +46,7 @@ def _orient(u: Tensor) -> Tensor:
 
 def _rounded(x: Tensor) -> Tensor:
     """A float32 result rounded to bfloat16 and held in float32: what a bfloat16 op with float32
-    accumulation returns, for CPUs that only emulate bfloat16 matmuls (vitscope.bf16)."""
+    accumulation returns, for CPUs that only emulate bfloat16 matmuls (vitscope.kernels.bf16)."""
     return x.bfloat16().float()
 
 

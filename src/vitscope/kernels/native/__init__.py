@@ -11,8 +11,8 @@ its bfloat16 extension (AMD since Zen 4, Intel since Cooper Lake), the other bui
 attention for AMX. The library loads where the CPU has the first; `has(isa)` says whether a kernel of
 that set may run, and `why_not(isa)` why not.
 
-A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/native`, else
-`~/.cache/vitscope/native`), named by a hash of the source, the compiler and its flags, so an edited
+A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/kernels/native`, else
+`~/.cache/vitscope/kernels/native`), named by a hash of the source, the compiler and its flags, so an edited
 source or another compiler builds afresh. It is compiled to a temporary file in that folder and
 renamed into place, so two processes building at once, or a killed build, never leave a half-written
 library behind. The libraries link OpenMP dynamically; torch has already loaded its libgomp, so the
@@ -33,8 +33,6 @@ import threading
 from pathlib import Path
 
 import torch
-
-from vitscope.fused_linear import _transformed
 
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
@@ -92,9 +90,38 @@ def _cpuinfo(field: str) -> str:
     return ""
 
 
+def isa_cap() -> str | None:
+    """The highest instruction set `VITSCOPE_ISA` lets the kernels use (a key of ISAS), or None for no cap.
+
+    Capping lets an AVX-512 or AMX machine run, and so test, the kernels written for a smaller set."""
+    cap = os.environ.get("VITSCOPE_ISA", "").strip().lower()
+    if not cap:
+        return None
+    if cap not in ISAS:
+        raise ValueError(f"VITSCOPE_ISA={cap!r}: expected one of {', '.join(ISAS)} (or unset)")
+    return cap
+
+
 def cpu_features() -> set[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
-    return set(_cpuinfo("flags").split())
+    """The CPU's feature flags as Linux lists them (empty elsewhere), less those of the instruction sets
+    above `VITSCOPE_ISA`, so that every choice made from them sees the capped CPU."""
+    flags = set(_cpuinfo("flags").split())
+    cap = isa_cap()
+    if cap is None:
+        return flags
+    allowed = {f for isa in list(ISAS)[: list(ISAS).index(cap) + 1] for f in ISAS[isa][1]}
+    return flags - ({f for _, features in ISAS.values() for f in features} - allowed)
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU (as capped) multiplies bfloat16 in AMX tiles, where oneDNN outruns vitscope's kernels."""
+    return "amx_bf16" in cpu_features()
+
+
+def supported_isas() -> list[str]:
+    """The instruction sets of ISAS this CPU has, smallest first, whatever `VITSCOPE_ISA` says."""
+    flags = set(_cpuinfo("flags").split())
+    return [isa for isa, (_, features) in ISAS.items() if set(features) <= flags]
 
 
 def cpu_vendor() -> str:
@@ -281,6 +308,16 @@ def has(isa: str) -> bool:
 has._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
+def transformed(t: torch.Tensor | None) -> bool:
+    """A forward-mode dual tensor or one wrapped by torch.func (vmap, grad): the kernels' autograd functions
+    have no rules for those, so such calls keep PyTorch's ops."""
+    if t is None:
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return True
+    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
+
 def runnable(*tensors, isa: str) -> bool:
     """Whether the kernels of `isa` may run on these tensors now, called from Python (not as a custom
     op torch.compile can keep): `has(isa)`, and no torch.compile or jit trace recording, and none of
@@ -288,7 +325,7 @@ def runnable(*tensors, isa: str) -> bool:
     rules for those, and their data pointers are not the values). None entries are skipped."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    if any(_transformed(t) for t in tensors if t is not None):
+    if any(transformed(t) for t in tensors if t is not None):
         return False
     return has(isa)
 

@@ -2,7 +2,7 @@
 
     open_model("runs/fmnist_quick")            # a run directory: its best.safetensors, else last
     open_model("runs/fmnist_quick/last.safetensors")
-    open_model("vit_small_patch16_224")        # a preset with pretrained weights (vitscope.pretrained)
+    open_model("vit_small_patch16_224")        # a preset with pretrained weights (vitscope.weights.pretrained)
     open_model("downloads/model.safetensors")  # a timm checkpoint (no vitscope config in it)
 
 Each gives the model in eval mode and what is known of its inputs and outputs: class names, the
@@ -31,11 +31,21 @@ class ModelInfo:
     train_config: dict  # the run's TrainConfig as saved with a vitscope checkpoint (empty for others)
 
 
-def open_model(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
-    """The model `source` names (see the module docstring), in eval mode, and what it says about itself."""
-    from vitscope.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
+def open_model(source: str | Path, *, kernels: bool = False) -> tuple[VisionTransformer, ModelInfo]:
+    """The model `source` names (see the module docstring), in eval mode, and what it says about itself;
+    with `kernels`, vitscope's CPU kernels swapped in (vitscope.kernels.apply)."""
+    model, info = _open(source)
+    if kernels:
+        from vitscope.kernels import apply
+
+        apply(model)
+    return model, info
+
+
+def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     from vitscope.models import create_model, list_models
-    from vitscope.pretrained import MEAN, STD, has_weights, weights_file
+    from vitscope.weights.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
+    from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
 
     path = Path(source)
     if not path.exists() and has_weights(str(source)):
@@ -97,7 +107,7 @@ def _shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape under timm's names; a safetensors file is read for its header only."""
     from safetensors import safe_open
 
-    from vitscope.checkpoints import _read_tensors, _strip_prefix
+    from vitscope.weights.checkpoints import _read_tensors, _strip_prefix
 
     if ckpt.suffix == ".safetensors":
         with safe_open(str(ckpt), framework="pt") as f:

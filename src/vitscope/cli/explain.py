@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vitscope.cli.main import add_kernels_flag
 from vitscope.inspect.capture import CaptureTooLarge
 
 
@@ -46,21 +47,22 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
                    help="labelled dataset images used for head importance and pruning (default: 512; "
                         "0 skips them)")
     p.add_argument("--no-report", action="store_true", help="write only explorer.html, no PNG pictures")
+    add_kernels_flag(p)
     p.set_defaults(run=run_explain)
     return p
 
 
-def _load(path: Path):
-    from vitscope.model_source import open_model
+def _load(path: Path, kernels: bool):
+    from vitscope.weights.model_source import open_model
 
     try:
-        return open_model(path)
+        return open_model(path, kernels=kernels)
     except ValueError as e:
         raise ExplainError(f"cannot load {path}: {e}") from e
 
 
 def _dataset_sample(args, model, info, n: int):
-    from vitscope.model_source import load_data
+    from vitscope.weights.model_source import load_data
 
     try:
         ds, _ = load_data(model, info, args.dataset, args.split, args.data_dir)
@@ -97,7 +99,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
 
     if not args.images and not args.dataset:
         raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
-    model, info = _load(Path(args.model))
+    model, info = _load(Path(args.model), kernels=not args.no_kernels)
     known = info.normalisation_known
     mean, std = (list(info.mean), list(info.std)) if known else (None, None)
     classes = info.classes if info.named_classes else None

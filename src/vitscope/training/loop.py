@@ -24,19 +24,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vitscope import allocator, bf16, pretrained
-from vitscope import distributed as D
-from vitscope.checkpoints import (
+from vitscope import kernels
+from vitscope.data import ImageDataset, load_dataset
+from vitscope.data.transforms import TrainTransform, eval_transform, tta_views
+from vitscope.kernels import allocator, bf16
+from vitscope.models import create_model
+from vitscope.training import distributed as D
+from vitscope.training.optim import OptimizerName, build_optimizer
+from vitscope.weights import pretrained
+from vitscope.weights.checkpoints import (
     atomic_write,
     load_training_state,
     load_weights,
     save_model,
     save_training_state,
 )
-from vitscope.data import ImageDataset, load_dataset
-from vitscope.data.transforms import TrainTransform, eval_transform, tta_views
-from vitscope.models import create_model
-from vitscope.optim import OptimizerName, build_optimizer
 
 
 @dataclass
@@ -48,7 +50,7 @@ class TrainConfig:
     model_args: dict = field(default_factory=dict, metadata={"help": "ViTConfig overrides, e.g. {'depth': 8}"})
     pretrained: bool = field(default=False, metadata={
         "help": "start from timm's ImageNet weights for the model (the *_patch16_224 presets; downloaded "
-                "once, adapted to the data's classes, channels and size; vitscope.pretrained)"})
+                "once, adapted to the data's classes, channels and size; vitscope.weights.pretrained)"})
     dataset: str = field(default="fashion_mnist", metadata={
         "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
     data_dir: str | None = field(default=None, metadata={
@@ -71,7 +73,7 @@ class TrainConfig:
     betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's betas"})
     amp: Literal["auto", "bf16", "fp32"] = field(default="auto", metadata={
         "help": "bf16: bfloat16 autocast; auto: bf16 where the device multiplies bfloat16 natively (CUDA GPUs "
-                "with bfloat16, AVX-512 CPUs), fp32 elsewhere (vitscope.bf16)"})
+                "with bfloat16, AVX-512 CPUs), fp32 elsewhere (vitscope.kernels.bf16)"})
     compile: bool = field(default=False, metadata={"help": "train through torch.compile"})
     ema_decay: float | None = field(default=None, metadata={
         "help": "evaluate a moving average of the weights with this decay, e.g. 0.999; none: off"})
@@ -86,11 +88,13 @@ class TrainConfig:
     device: str = field(default="auto", metadata={
         "help": "auto (cuda if there is one, else cpu), cpu, cuda, cuda:1, ..."})
     threads: int | None = field(default=None, metadata={"help": "CPU threads; none or 0: torch's default"})
-    # CPU runs: freed tensors stay in the process for the next step (vitscope.allocator). Measured in
+    # CPU runs: freed tensors stay in the process for the next step (vitscope.kernels.allocator). Measured in
     # this loop: 2% more images/s and 3-5% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
     # plain 28x28 ViT); so off unless asked for. eval/predict/explain always keep it (1.5x there).
     keep_freed_memory: bool = field(default=False, metadata={
         "help": "CPU: keep freed memory in the process for the next step (2% faster, ~50% more memory)"})
+    kernels: bool = field(default=True, metadata={
+        "help": "CPU: run vitscope's kernels (vitscope.kernels.apply); false: PyTorch's ops alone"})
     explain_images: int = field(default=6, metadata={
         "help": "test images put in the attention explorer at the end (0: no explorer)"})
 
@@ -287,6 +291,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                          **{"num_classes": num_classes, "in_chans": c, "img_size": (h, w) if h != w else h,
                             **cfg.model_args})
     model.to(device)
+    if cfg.kernels and device.type == "cpu":
+        kernels.apply(model)
     bf16 = use_bf16(cfg.amp, device)
     ema = copy.deepcopy(model).eval() if cfg.ema_decay else None
     for p in ema.parameters() if ema else []:
@@ -446,7 +452,7 @@ def _finish(run_dir: Path, cfg: TrainConfig, model: nn.Module, result: TrainResu
     """Pictures and the summary of a finished run."""
     import platform
 
-    from vitscope.curves import plot_confusion, plot_curves, read_metrics
+    from vitscope.training.curves import plot_confusion, plot_curves, read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     plot_curves(rows, run_dir / "curves.png", title=f"{cfg.model} on {cfg.dataset}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vitscope.data.transforms import TrainTransform
-from vitscope.train import TrainConfig
+from vitscope.training.loop import TrainConfig
 
 _RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 
@@ -68,7 +68,7 @@ def fmnist_best() -> TrainConfig:
     with AMX (~1,480 images/s), and 95.09% and 95.16% in 28.4 and 28.1 minutes since the explicit
     attention path keeps bfloat16 weights (~1,630 images/s); 95.18% for seed 0 in 57.6 minutes on a
     2-core EPYC without AMX (797 images/s), and 95.12% in 41.1 minutes (1,117 images/s) with vitscope's
-    C kernels (vitscope/native/, the conv stem's weight gradients included), 95.00% in 40.6 (1,132
+    C kernels (vitscope/kernels/native/, the conv stem's weight gradients included), 95.00% in 40.6 (1,132
     images/s) with its linear-product kernel too, whose sums run in another order, and 95.25% in 39.2
     (1,173 images/s) once the weight gradients summed chunks of 128 rows. With AdamW the same
     recipe reached 94.67% and 94.72% for seeds 0 and 1 (EPYC, 52-56 minutes): it underfits (96.4% on

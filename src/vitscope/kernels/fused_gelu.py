@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import native
+from . import native, registry
 
 
 def fusable(x: Tensor) -> bool:
@@ -120,6 +120,6 @@ class GELU(nn.GELU):
     float32 without AVX-512); elsewhere, and with `approximate="tanh"`, nn.GELU's own."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.approximate == "none" and fusable(x):
+        if self.approximate == "none" and registry.enabled() and fusable(x):
             return gelu(x)
         return F.gelu(x, approximate=self.approximate)

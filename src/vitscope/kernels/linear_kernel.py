@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import fused_linear, native
+from . import native
 
 MAX_K = 4096  # the longest reduction the kernel takes: measured up to 1536 (ViT-S/16's fc2)
 
@@ -38,7 +38,7 @@ def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool 
         return False
     if x.stride(1) != 1 or w.stride(1) != 1 or k % 2 or not 0 < k <= MAX_K or x.shape[0] == 0:
         return False
-    return not fused_linear._cpu_has_amx() and native.runnable(x, w, bias, isa="avx512_bf16")
+    return not native.cpu_has_amx() and native.runnable(x, w, bias, isa="avx512_bf16")
 
 
 def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None,

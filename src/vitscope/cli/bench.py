@@ -13,49 +13,18 @@ shape: vitscope's `attend` against F.scaled_dot_product_attention and the explic
 
 from __future__ import annotations
 
-import contextlib
 import json
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from vitscope import (
-    fused_add_norm,
-    fused_bn_gelu,
-    fused_gelu,
-    fused_layer_norm,
-    fused_linear,
-    fused_mlp,
-    fused_residual,
-    native,
-    short_attention,
-)
-
-# The checks that make each part of vitscope's fast path answer no: attention (C), the training MLP
-# (C GELU pass, multiply in fc2's backward), LayerNorm to bfloat16 (C), the residual add (C), the two
-# in one pass (C), the conv stem's GELU (C table) and its BatchNorm with GELU (C), and the linear with
-# its bias inside oneDNN's matmul (and float32 through oneDNN where that is faster).
-SWITCHES = ((short_attention, "usable"), (fused_mlp, "fusable"), (fused_layer_norm, "fusable"),
-            (fused_residual, "fusable"), (fused_add_norm, "fusable"), (fused_gelu, "fusable"),
-            (fused_bn_gelu, "fusable"), (fused_linear, "fusable"), (fused_linear, "float32_fusable"))
-
-
-@contextlib.contextmanager
-def pytorch_ops() -> Iterator[None]:
-    """Everything inside runs PyTorch's own ops where vitscope would run its kernels."""
-    kept = [(owner, name, getattr(owner, name)) for owner, name in SWITCHES]
-    try:
-        for owner, name in SWITCHES:
-            setattr(owner, name, lambda *a, **k: False)
-        yield
-    finally:
-        for owner, name, fn in kept:
-            setattr(owner, name, fn)
+from vitscope import kernels
+from vitscope.kernels import native
 
 
 def cpu_description() -> tuple[str, list[str]]:
@@ -73,39 +42,11 @@ def cpu_description() -> tuple[str, list[str]]:
 
 
 def kernel_states() -> list[tuple[str, str]]:
-    """(kernel, 'on: ...' or 'off: why') for each of vitscope's CPU kernels."""
+    """(kernel, 'on' or 'off: why') for each kernel of vitscope's registry."""
     rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        kernel = short_attention.kernel_for(dtype)
-        name = f"attention, {str(dtype).removeprefix('torch.')}"
-        rows.append((name, f"on ({kernel.isa} build)" if kernel else f"off: {short_attention.why_not(dtype)}"))
-    why = native.why_not("avx512_bf16")
-    for part in ("bfloat16 training MLP", "LayerNorm to bfloat16", "residual add", "residual add + LayerNorm",
-                 "GELU table, bfloat16", "BatchNorm + GELU (conv stem)"):
-        rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
-    if why is None and fused_linear._cpu_has_amx():
-        why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"
-    for part in ("weight gradients, small linears", "linear products (forward, input gradient)",
-                 "conv stem weight gradients"):
-        rows.append((part, "on (avx512_bf16 build)" if why is None else f"off: {why}"))
-    linear = fused_linear.available()
-    rows.append(("oneDNN fused linear, bfloat16", "on" if linear else "off: oneDNN's bfloat16 matmul is not available"))
-    rows.append(("oneDNN linear, float32", "on (AMD without AVX-512, where MKL is slower)"
-                 if fused_linear.float32_available() else "off: measured faster only on AMD CPUs without AVX-512"))
-    rows += float32_kernel_states()
-    return rows
-
-
-def float32_kernel_states() -> list[tuple[str, str]]:
-    """(kernel, state) for the float32 kernels of CPUs with AVX2 and no AVX-512: the GELU and, on the float32
-    linear path, the linear products with the MLP's GELU."""
-    why = native.why_not("avx2")
-    if why is None and native.has("avx512"):
-        why = "this CPU has AVX-512, where PyTorch's 16-wide kernels run"
-    rows = [("GELU, float32 (erfc)", "on (avx2 build)" if why is None else f"off: {why}")]
-    if why is None and not fused_linear.float32_available():
-        why = "they run on the float32 linear path (AMD CPUs without AVX-512)"
-    rows.append(("linear products and MLP, float32", "on (avx2 build)" if why is None else f"off: {why}"))
+    for k in kernels.KERNELS:
+        why = kernels.why_not(k)
+        rows.append((f"{k.name}, {'/'.join(k.dtypes)} ({k.isa or 'oneDNN'})", "on" if why is None else f"off: {why}"))
     return rows
 
 
@@ -155,7 +96,7 @@ def _model_steps(model: torch.nn.Module, batch: int, dtype: torch.dtype, device:
 
 def _without_kernels(fn: Callable[[], None]) -> Callable[[], None]:
     def run() -> None:
-        with pytorch_ops():
+        with kernels.disabled():
             fn()
     return run
 
@@ -167,13 +108,11 @@ def _explicit(q, k, v):
 
 def _attention_calls(b: int, h: int, n: int, d: int, dtype: torch.dtype, device: torch.device):
     """{name: (forward, forward + backward)} at one head shape."""
-    from vitscope.attention import attend
-
     qkv = torch.randn(b, n, 3, h, d, device=device, dtype=dtype)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, D) views of one tensor, as in the models
     g = torch.randn(b, h, n, d, device=device, dtype=dtype)
     out = {}
-    for name, fn in (("vitscope attend", lambda q, k, v: attend(q, k, v)),
+    for name, fn in (("vitscope attend", lambda q, k, v: kernels.attend(q, k, v)),
                      ("F.scaled_dot_product_attention", F.scaled_dot_product_attention),
                      ("explicit softmax", _explicit)):
         def forward(fn=fn):
@@ -198,6 +137,8 @@ def run(model_name: str, overrides: dict, batch: int, dtype: torch.dtype, device
 
     torch.manual_seed(0)
     model = create_model(model_name, **overrides).to(device)
+    if device.type == "cpu":
+        kernels.apply(model)
     train, infer = _model_steps(model, batch, dtype, device)
     result: dict = {"model": model_name, "overrides": overrides, "batch": batch,
                     "dtype": str(dtype).removeprefix("torch."), "device": str(device), "rounds": rounds,
@@ -291,7 +232,7 @@ def run_bench(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA GPU is visible to torch here")
-    from vitscope import bf16
+    from vitscope.kernels import bf16
 
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if bf16.native_matmul(device) else "float32")
     dtype = torch.bfloat16 if name == "bfloat16" else torch.float32

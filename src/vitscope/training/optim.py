@@ -1,6 +1,6 @@
 """The optimizer a run trains with: AdamW, or Muon for the hidden weight matrices with AdamW beside it.
 
-Muon (`torch.optim.Muon`, run as vitscope.muon.Muon: the same numbers with same-shaped matrices
+Muon (`torch.optim.Muon`, run as vitscope.training.muon.Muon: the same numbers with same-shaped matrices
 orthogonalised together; Jordan et al., 2024) replaces each hidden matrix's momentum by a nearby
 semi-orthogonal matrix (five Newton-Schulz iterations), so every direction of the update moves at
 the same rate instead of the few that dominate the gradient. As in Muon's own recipe, the layer

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope import bf16
+from vitscope.kernels import bf16, fused_gelu, linear_f32, linear_kernel, native, registry
 
 _KERNEL = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
@@ -59,7 +59,6 @@ def float32_available() -> bool:
     Training steps 1.07x (plain ViT) and 1.04x (quick preset), inference 1.13x (ab_fused_linear.py --dtype
     float32). Other CPUs keep F.linear: on a Xeon with AMX oneDNN measured no faster, and Intel's AVX2
     parts and AMD's AVX-512 ones have not been measured."""
-    from . import native  # here: native imports this module
 
     if _KERNEL is None or not torch.backends.mkldnn.is_available():
         return False
@@ -78,16 +77,6 @@ def needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
     """Whether autograd will record `linear(x, weight, bias)`."""
     wants = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     return wants and torch.is_grad_enabled()
-
-
-def _transformed(t: Tensor | None) -> bool:
-    """A forward-mode dual tensor or one wrapped by torch.func (vmap, grad): the kernel's autograd
-    function has no rules for those, so such calls keep F.linear."""
-    if t is None:
-        return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(t):
-        return True
-    return torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 def _cpu_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -120,7 +109,7 @@ def _callable(x: Tensor, weight: Tensor, bias: Tensor | None, inputs_ok: bool) -
     torch.func-wrapped tensor (their autograd functions have no rules for those)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not inputs_ok:
         return False
-    return not (needs_grad(x, weight, bias) and any(_transformed(t) for t in (x, weight, bias)))
+    return not (needs_grad(x, weight, bias) and any(native.transformed(t) for t in (x, weight, bias)))
 
 
 def fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -135,7 +124,6 @@ NATIVE_WEIGHT_GRAD_MAX = 65536  # out·in: native/weight_grad.c keeps each threa
 def _native_weight_grad(g: Tensor, x: Tensor) -> bool:
     """Whether native/weight_grad.c takes gᵀ x: bfloat16 rows with unit stride, out % 32 == 0,
     in % 64 == 0, out·in at most NATIVE_WEIGHT_GRAD_MAX, the kernels runnable here, and no AMX."""
-    from . import native  # here: native imports this module
 
     if g.dtype != torch.bfloat16 or x.dtype != torch.bfloat16 or g.dim() != 2 or x.dim() != 2:
         return False
@@ -143,14 +131,7 @@ def _native_weight_grad(g: Tensor, x: Tensor) -> bool:
     if g.stride(1) != 1 or x.stride(1) != 1 or m == 0 or out % 32 or inp % 64 or out * inp > NATIVE_WEIGHT_GRAD_MAX:
         return False
     # where the CPU has AMX, oneDNN multiplies in its tiles, several times the vdpbf16ps kernel's peak
-    return not _cpu_has_amx() and native.runnable(g, x, isa="avx512_bf16")
-
-
-@functools.cache
-def _cpu_has_amx() -> bool:
-    from . import native
-
-    return "amx_bf16" in native.cpu_features()
+    return not native.cpu_has_amx() and native.runnable(g, x, isa="avx512_bf16")
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -176,13 +157,11 @@ def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool,
     sums g's columns from the chunks it packs, in float32 and then float64 (g.sum(0): a pass of its own,
     0.3-0.75 ms at 12800 x 512)."""
     if not weight:
-        return None, (g.sum(0) if bias else None)
-    from . import linear_f32  # here: it imports native, which imports this module
+        return None, (g.sum(0) if bias else None)# here: it imports native, which imports this module
 
     if g.dtype == torch.float32 and float32_available() and linear_f32.weight_grad_runnable(g, x):
         return linear_f32.weight_and_bias_grad(g, x, bias)
     if _native_weight_grad(g, x):
-        from . import native
 
         (m, out), inp, threads = g.shape, x.shape[1], torch.get_num_threads()
         work = torch.empty(threads, out, inp)
@@ -212,7 +191,6 @@ def _rows(x: Tensor) -> Tensor:
 def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x (..., in) Wᵀ + b for bfloat16 tensors, or float32 ones on the float32 path: vitscope's kernel where
     it runs (linear_kernel.py, linear_f32.py), else oneDNN's linear."""
-    from . import linear_f32, linear_kernel  # here: they import native, which imports this module
 
     x2 = _rows(x)
     if linear_kernel.runnable(x2, weight, bias):
@@ -225,7 +203,6 @@ def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def input_grad(g: Tensor, weight: Tensor) -> Tensor:
     """g (M, out) W: (M, in), a linear layer's input gradient, in vitscope's kernel where it runs, else
     torch's matmul."""
-    from . import linear_f32, linear_kernel
 
     if linear_kernel.runnable(g, weight, forward=False):
         return linear_kernel.input_grad(g, weight)
@@ -310,7 +287,6 @@ _float32_op.register_autograd(_float32_op_backward, setup_context=_float32_setup
 def float32_kernels() -> bool:
     """Whether the float32 path runs vitscope's AVX2 products here (`float32_available`, AVX2 and no AVX-512):
     asked while torch.compile traces, where `linear_f32.runnable` says no to everything."""
-    from . import native  # here: native imports this module
 
     return float32_available() and native.has("avx2") and not native.has("avx512")
 
@@ -363,7 +339,6 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     and 1.00-1.02x ViT-S/16's (benchmarks/ab_fused_linear.py --gelu) against oneDNN's erf GELU in the
     matmul's epilogue, which took 1.4 of fc1's 5.5 ms at 12800 x 128 -> 512 (the pass: 0.7). Elsewhere
     the epilogue, which applies GELU to the float32 sum before rounding."""
-    from . import fused_gelu, linear_kernel, native  # here: native imports this module
 
     x2 = _rows(x)
     if linear_kernel.runnable(x2, weight, bias):
@@ -381,7 +356,7 @@ class Linear(nn.Linear):
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not x.is_cpu:  # every path below but the last is for CPU tensors: asking costs a GPU's host time
+        if not x.is_cpu or not registry.enabled():  # the paths below are for CPU tensors
             return F.linear(x, self.weight, self.bias)
         if fusable(x, self.weight, self.bias):
             return linear(x, self.weight, self.bias)

@@ -2,7 +2,7 @@
 
    h = a Phi(a) and d = Phi(a) + a phi(a), where Phi and phi are the standard normal's distribution and
    density. The backward then needs only d: the gradient of a is the gradient of h times d, which
-   oneDNN's matmul applies in its epilogue (vitscope/fused_mlp.py), so neither a second pass over the
+   oneDNN's matmul applies in its epilogue (vitscope/kernels/fused_mlp.py), so neither a second pass over the
    hidden activation nor the pre-activation itself is kept.
 
    A bfloat16 input takes one of 65536 values, so both results are computed once for each, in double

@@ -46,7 +46,7 @@ def fusable(x: Tensor, conv: nn.Module) -> bool:
     if x.dim() != 4 or x.shape[1] != conv.in_channels:
         return False
     if fused_linear.bfloat16_inputs(x, w):
-        if conv.in_channels % 32 or conv.out_channels % 32 or fused_linear._cpu_has_amx():
+        if conv.in_channels % 32 or conv.out_channels % 32 or native.cpu_has_amx():
             return False
         return native.runnable(x, w, isa="avx512_bf16")
     if fused_linear.float32_inputs(x, w):

@@ -95,10 +95,17 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
 
 
 # -- train -------------------------------------------------------------------------------------------
+def add_kernels_flag(parser: argparse.ArgumentParser) -> None:
+    """--no-kernels: PyTorch's ops alone, for a command that otherwise swaps vitscope's CPU kernels in."""
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="run PyTorch's ops alone, without vitscope's CPU kernels (VITSCOPE_NATIVE=0 keeps "
+                             "the C kernels from loading at all)")
+
+
 def add_train_parser(sub) -> None:
     from vitscope.data.transforms import TrainTransform
-    from vitscope.recipes import get_recipe, list_recipes
-    from vitscope.train import TrainConfig
+    from vitscope.training.loop import TrainConfig
+    from vitscope.training.recipes import get_recipe, list_recipes
 
     p = sub.add_parser("train", help="train a ViT (a preset or a config file; flags override any field)",
                        description="Train a ViT. Start from --preset or --config, then override any field "
@@ -141,8 +148,8 @@ def parse_model_sets(items: list[str]) -> dict:
 
 
 def build_train_config(args):
-    from vitscope.recipes import get_recipe
-    from vitscope.train import TrainConfig
+    from vitscope.training.loop import TrainConfig
+    from vitscope.training.recipes import get_recipe
 
     if args.resume:
         cfg_path = args.resume / "config.json"
@@ -174,7 +181,7 @@ def build_train_config(args):
 
 
 def run_train(args) -> int:
-    from vitscope.train import train
+    from vitscope.training.loop import train
 
     cfg = build_train_config(args)
     if args.resume:
@@ -210,18 +217,19 @@ def add_eval_parser(sub) -> None:
                         "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
     p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_kernels_flag(p)
     p.set_defaults(run=run_eval)
 
 
 def run_eval(args) -> int:
     import torch
 
-    from vitscope.model_source import load_data, open_model
-    from vitscope.train import evaluate
+    from vitscope.training.loop import evaluate
+    from vitscope.weights.model_source import load_data, open_model
 
     if args.shift < 0:
         raise UsageError(f"--shift is a number of pixels, at least 0, got {args.shift}")
-    model, info = open_model(args.checkpoint)
+    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
     name = args.dataset or info.dataset
     if not name:
         raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
@@ -244,7 +252,7 @@ def run_eval(args) -> int:
            "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
            "confusion": conf.tolist()}
     if args.out:
-        from vitscope.curves import plot_confusion
+        from vitscope.training.curves import plot_confusion
 
         args.out.mkdir(parents=True, exist_ok=True)
         plot_confusion(conf, data.classes, args.out / "confusion.png", title=f"accuracy {100 * res['acc']:.2f}%")
@@ -284,6 +292,7 @@ def add_predict_parser(sub) -> None:
     p.add_argument("images", nargs="+", type=Path, help="image files or folders")
     p.add_argument("--top-k", type=int, default=3, help="labels shown per image, most likely first (default: 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_kernels_flag(p)
     p.set_defaults(run=run_predict)
 
 
@@ -331,9 +340,9 @@ def run_predict(args) -> int:
     import torch
 
     from vitscope.data.transforms import eval_transform
-    from vitscope.model_source import open_model
+    from vitscope.weights.model_source import open_model
 
-    model, info = open_model(args.checkpoint)
+    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
     files = _image_files(args.images)
     named = {p for p in args.images if p.is_file()}
     size = model.config.img_size
@@ -400,7 +409,7 @@ def run_models(args) -> int:
     import torch
 
     from vitscope.models import create_model, get_config, list_models
-    from vitscope.pretrained import TIMM_WEIGHTS
+    from vitscope.weights.pretrained import TIMM_WEIGHTS
 
     names = list_models(args.pattern)
     if not names:
@@ -426,10 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
     add_eval_parser(sub)
     add_predict_parser(sub)
-    from vitscope.inspect.cli import add_explain_parser
+    from vitscope.cli.explain import add_explain_parser
 
     add_explain_parser(sub)
-    from vitscope.bench import add_bench_parser
+    from vitscope.cli.bench import add_bench_parser
 
     add_bench_parser(sub)
     add_data_parser(sub)
@@ -443,7 +452,7 @@ _PYTHON_FORMATWARNING = warnings.formatwarning
 def _plain_warnings(prog: str) -> None:
     """vitscope's own warnings (skipped files and the like) as `vitscope train: warning: ...` lines, without
     the source line Python's format adds; other libraries' warnings keep their file and line."""
-    package = str(Path(__file__).resolve().parent)
+    package = str(Path(__file__).resolve().parents[1])  # the whole vitscope package
 
     def formatwarning(message, category, filename, lineno, line=None):
         if str(Path(filename).resolve()).startswith(package):
@@ -454,10 +463,10 @@ def _plain_warnings(prog: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vitscope import allocator
     from vitscope.data import DataError
-    from vitscope.pretrained import WeightsError
-    from vitscope.train import NonFiniteLoss
+    from vitscope.kernels import allocator
+    from vitscope.training.loop import NonFiniteLoss
+    from vitscope.weights.pretrained import WeightsError
 
     parser = build_parser()
     args = parser.parse_args(argv)

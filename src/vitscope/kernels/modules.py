@@ -1,0 +1,299 @@
+"""The fast modules: subclasses of the model's own that run vitscope's kernels where a call allows.
+
+`apply(model)` swaps each module's class in place (`module.__class__ = Fast...`), the way
+`ipex.optimize` swaps in its modules: parameters, buffers, state_dict keys, DDP wrappers, EMA copies
+and hooks stay as they are, and `revert(model)` swaps them back. What a module's type and settings
+decide (which children it has, LayerScale, qk-norm, a conv stem) is settled once, when the class is
+swapped in (`_settle`); what can change between calls (hooks, capture, head masks, dropout in
+training, the dtype under autocast) is checked on each call, and anything a user could observe sends
+the call to the plain module's forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
+
+from vitscope.attention import MultiHeadAttention, attend
+from vitscope.kernels import (
+    fused_add_norm,
+    fused_bn_gelu,
+    fused_conv,
+    fused_layer_norm,
+    fused_linear,
+    fused_mlp,
+    fused_residual,
+    short_attention,
+)
+from vitscope.kernels.fused_gelu import GELU
+from vitscope.kernels.fused_linear import Linear
+from vitscope.kernels.registry import enabled
+from vitscope.vit import Block, ConvStem, Mlp, PatchEmbed, VisionTransformer
+
+
+def _hooked(*modules: nn.Module) -> bool:
+    """Whether a hook could see these modules called (their own hooks, or global ones)."""
+    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in modules)
+
+
+def _records(*ts: Tensor) -> bool:
+    """Whether autograd records an op on these tensors now."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def _dropping(drop: nn.Dropout) -> bool:
+    return drop.training and drop.p > 0
+
+
+class FastMlp(Mlp):
+    """fc1 -> GELU -> fc2 with, in bfloat16 inference, fc1's bias and the GELU inside its product
+    (fused_linear.py), and in training the GELU's derivative kept instead of its input (fused_mlp.py)."""
+
+    def _settle(self) -> None:
+        self._exact = (type(self.act) in (nn.GELU, GELU) and self.act.approximate == "none"
+                       and type(self.fc1) is Linear and type(self.fc2) is Linear)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (x.is_cpu and enabled() and self._exact) or _dropping(self.drop1):
+            return super().forward(x)
+        w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+        if (fused_linear.fusable(x, w1, b1) and not fused_linear.needs_grad(x, w1, b1)
+                and not _hooked(self.fc1, self.act, self.drop1)):
+            return self.drop2(self.fc2(fused_linear.linear(x, w1, b1, gelu=True)))
+        if fused_mlp.fusable(x, w1, b1, w2, b2) and not _hooked(self.fc1, self.act, self.drop1, self.fc2):
+            return self.drop2(fused_mlp.mlp(x, w1, b1, w2, b2))
+        return super().forward(x)
+
+
+class FastAttention(MultiHeadAttention):
+    """Self-attention straight from the fused qkv projection into vitscope's attention kernels, which
+    write the heads side by side as `proj` reads them (short_attention.py)."""
+
+    def _settle(self) -> None:
+        self._plain = (not self.cross and isinstance(self.q_norm, nn.Identity)
+                       and isinstance(self.k_norm, nn.Identity))
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
+                causal: bool = False, cache=None, return_weights: bool = False, queries: int | None = None):
+        if not (x.is_cpu and enabled() and self._plain and context is None and mask is None and not causal
+                and cache is None and not return_weights and self.capture is None and self.head_mask is None
+                and (self.attn_drop == 0.0 or not self.training)):
+            return super().forward(x, context, mask=mask, causal=causal, cache=cache,
+                                   return_weights=return_weights, queries=queries)
+        qkv = self.qkv(x)  # (B, N, 3·H·D)
+        if short_attention.usable_qkv(qkv, self.num_heads, queries):
+            out = short_attention.attend_qkv(qkv, self.num_heads, self.scale, queries)  # (B, Nq, H·D)
+            return self.proj_drop(self.proj(out))
+        q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads).unbind(0)
+        q = q if queries is None else q[:, :, :queries]  # (B, H, Nq, D)
+        if short_attention.usable(q, k, v):
+            out = short_attention.attend(q, k, v, self.scale)
+        else:
+            out = attend(q, k, v, scale=self.scale)
+        return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+
+
+class FastBlock(Block):
+    """The pre-norm block with, under bfloat16 autocast, each LayerNorm writing bfloat16 for the linear
+    layer that reads it (fused_layer_norm.py), the residual adds in one pass (fused_residual.py), and a
+    residual add and the next LayerNorm together (fused_add_norm.py), also across blocks
+    (`forward_chained`, which FastViT's loop calls)."""
+
+    def _settle(self) -> None:
+        self._plain_residuals = type(self.ls1) is nn.Identity and type(self.ls2) is nn.Identity
+        self._norm1_feeds = type(self.attn) is FastAttention and self.attn._plain and type(self.attn.qkv) is Linear
+        self._norm2_feeds = type(self.mlp) is FastMlp and type(self.mlp.fc1) is Linear
+
+    def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
+        """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
+        if not (x.is_cpu and enabled()):
+            if queries is None:
+                return super().forward(x)
+            x = x[:, :queries] + self.drop_path1(self.ls1(self.attn(self.norm1(x), queries=queries)))
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return self.forward_chained(x, None, None, queries=queries)[0]
+
+    def _norm(self, norm: nn.LayerNorm, x: Tensor, feeds: bool, consumer: nn.Module) -> Tensor:
+        """norm(x), under bfloat16 autocast straight to the bfloat16 its consumer's first linear would cast it to."""
+        if feeds and fused_layer_norm.fusable(x, norm) and not _hooked(norm, consumer, _first(consumer)):
+            return fused_layer_norm.layer_norm(x, norm)
+        return norm(x)
+
+    def _residual(self, x: Tensor, branch: Tensor, ls: nn.Module, drop_path: nn.Module, *,
+                  own_x: bool = False) -> Tensor:
+        """x + drop_path(ls(branch)); a bfloat16 branch added in one pass, into x itself where `own_x`."""
+        plain = self._plain_residuals and not _dropping_path(drop_path) and not _hooked(drop_path)
+        if plain and fused_residual.fusable(x, branch):
+            if own_x and not _records(x, branch):
+                return fused_residual.add_(x, branch)
+            return fused_residual.add(x, branch)
+        return x + drop_path(ls(branch))
+
+    def _add_norm(self, x: Tensor, branch: Tensor, drop_path: nn.Module, norm: nn.LayerNorm, feeds: bool,
+                  consumer: nn.Module, *, own_x: bool = False) -> tuple[Tensor, Tensor] | None:
+        """(x + branch, norm of it in bfloat16) in one pass where both would run the kernels; else None."""
+        if not (self._plain_residuals and feeds) or _dropping_path(drop_path):
+            return None
+        if _hooked(drop_path, norm, consumer, _first(consumer)):
+            return None
+        if not fused_add_norm.fusable(x, branch, norm):
+            return None
+        out = x if own_x and not _records(x, branch) else None
+        return fused_add_norm.add_layer_norm(x, branch, norm, out=out)
+
+    def forward_chained(self, x: Tensor, normed: Tensor | None, following: FastBlock | None, *,
+                        queries: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """`forward`, where `normed` is norm1(x) in bfloat16 if the block before computed it, and with
+        `following` (the next block) this block's last residual add and following.norm1 in one pass.
+        Returns (the output, following.norm1 of it in bfloat16, or None)."""
+        h = self._norm(self.norm1, x, self._norm1_feeds, self.attn) if normed is None else normed
+        attn = self.attn(h, queries=queries)
+        x = x if queries is None else x[:, :queries]
+        fused = self._add_norm(x, attn, self.drop_path1, self.norm2, self._norm2_feeds, self.mlp)
+        if fused is None:
+            x = self._residual(x, attn, self.ls1, self.drop_path1)
+            h = self._norm(self.norm2, x, self._norm2_feeds, self.mlp)
+        else:
+            x, h = fused  # x + attn is this block's own tensor: the next sum may go into it
+        mlp = self.mlp(h)
+        if following is not None:
+            chained = self._add_norm(x, mlp, self.drop_path2, following.norm1, following._norm1_feeds,
+                                     following.attn, own_x=fused is not None)
+            if chained is not None:
+                return chained
+        return self._residual(x, mlp, self.ls2, self.drop_path2, own_x=fused is not None), None
+
+
+def _first(consumer: nn.Module) -> nn.Module:
+    """The linear layer that reads a norm's output in `consumer` (an attention's qkv or an MLP's fc1)."""
+    return consumer.fc1 if isinstance(consumer, Mlp) else consumer.qkv
+
+
+def _dropping_path(drop_path: nn.Module) -> bool:
+    return drop_path.training and getattr(drop_path, "p", 0.0) > 0
+
+
+class FastConvStem(ConvStem):
+    """The conv stem with each BatchNorm and the GELU after it in one kernel (fused_bn_gelu.py), and in
+    training each conv's weight gradient from vitscope's kernel (fused_conv.py), in channels-last memory."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (x.is_cpu and enabled()) or _hooked():
+            return super().forward(x)
+        mods, i = list(self), 0
+        while i < len(mods):
+            if i + 1 < len(mods) and fused_bn_gelu.fusable(x, mods[i], mods[i + 1]) and not _hooked(*mods[i:i + 2]):
+                x, i = fused_bn_gelu.bn_gelu(x, mods[i]), i + 2
+            elif fused_conv.fusable(x, mods[i]) and not _hooked(mods[i]):
+                x, i = fused_conv.conv2d(x, mods[i]), i + 1
+            else:
+                x, i = mods[i](x), i + 1
+        return x
+
+
+class FastPatchEmbed(PatchEmbed):
+    """Patch embedding with, in bfloat16, the stride-P conv run as the linear map of each flattened patch
+    that it is (oneDNN's fused linear is 2-3x as fast as its conv, same weights); a conv stem runs in
+    channels-last memory, which oneDNN's convs are faster in."""
+
+    def _settle(self) -> None:
+        if self.stem is not None:
+            self.to(memory_format=torch.channels_last)
+
+    def _unsettle(self) -> None:
+        if self.stem is not None:
+            self.to(memory_format=torch.contiguous_format)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (x.is_cpu and enabled()):
+            return super().forward(x)
+        self.check(x)
+        w, b = self.proj.weight, self.proj.bias
+        if self.stem is None and type(self.proj) is nn.Conv2d and not _hooked(self.proj):
+            if fused_linear.fusable(x, w, b):
+                p = self.patch_size
+                patches = rearrange(x.to(torch.bfloat16), "b c (h p) (w q) -> b (h w) (c p q)", p=p, q=p)
+                return fused_linear.linear(patches, w.reshape(w.shape[0], -1), b)  # (B, N, D)
+        if self.stem is not None:
+            # (B, C, H, W) with (B, H, W, C) memory, like the weights; the flatten below is then a view
+            x = self.stem(x.contiguous(memory_format=torch.channels_last))
+        return rearrange(self.proj(x), "b d h w -> b (h w) d")
+
+
+class FastViT(VisionTransformer):
+    """The ViT whose loop over blocks chains each block's last residual add with the next one's norm1
+    (FastBlock.forward_chained), and whose last block, where the head reads the class token alone,
+    computes that one token's output (all tokens are still its keys and values): the same logits for
+    1/8 fewer FLOPs at depth 6."""
+
+    def _settle(self) -> None:
+        self._chainable = all(type(b) is FastBlock for b in self.blocks)
+
+    def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
+        blocks = list(self.blocks)
+        chain = self._chainable and enabled() and x.is_cpu and not _hooked(*blocks)
+        normed = None
+        for i, block in enumerate(blocks):
+            last = i == len(blocks) - 1
+            queries = last_queries if last else None
+            if chain:
+                x, normed = block.forward_chained(x, normed, None if last else blocks[i + 1], queries=queries)
+            else:
+                x = block(x, queries=queries) if queries else block(x)
+        return x
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        return self.norm(self._run_blocks(self.embed(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self._only_class_token_read():
+            return self.forward_head(self.forward_features(x))
+        return self.forward_head(self.norm(self._run_blocks(self.embed(x), last_queries=1)))  # (B, 1, D) tokens
+
+    def _only_class_token_read(self) -> bool:
+        """True when nothing but the head sees the last block's output: token pooling, a FastBlock last,
+        and no capture or hook on it or the final norm that would expect every token."""
+        if self.global_pool != "token" or not len(self.blocks) or type(self.blocks[-1]) is not FastBlock:
+            return False
+        last = self.blocks[-1]
+        return last.attn.capture is None and not _hooked(*last.modules(), *self.norm.modules())
+
+
+# Each plain class and the class that stands in for it; only exact types are swapped, so a user's
+# subclass keeps its own forward.
+SWAPS: dict[type[nn.Module], type[nn.Module]] = {
+    nn.Linear: Linear, nn.GELU: GELU, Mlp: FastMlp, MultiHeadAttention: FastAttention, Block: FastBlock,
+    ConvStem: FastConvStem, PatchEmbed: FastPatchEmbed, VisionTransformer: FastViT,
+}
+PLAIN = {fast: plain for plain, fast in SWAPS.items() if fast is not plain}
+
+
+def swap_in(model: nn.Module) -> nn.Module:
+    """Swap the fast classes into `model` in place (children before parents, so each parent settles with
+    its children's final types) and return it."""
+    for m in reversed(list(model.modules())):
+        m.__class__ = SWAPS.get(type(m), type(m))
+        if type(m) in PLAIN and hasattr(m, "_settle"):  # settled again where applied twice
+            m._settle()
+    return model
+
+
+def swap_out(model: nn.Module) -> nn.Module:
+    """Give every module of `model` its plain class back, in place, and return it."""
+    for m in model.modules():
+        plain = PLAIN.get(type(m))
+        if plain is not None:
+            if hasattr(m, "_unsettle"):
+                m._unsettle()
+            m.__class__ = plain
+    return model
+
+
+__all__ = ["FastAttention", "FastBlock", "FastConvStem", "FastMlp", "FastPatchEmbed", "FastViT", "swap_in",
+           "swap_out"]
