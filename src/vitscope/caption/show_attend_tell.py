@@ -1,0 +1,163 @@
+"""The lecture's RNN baseline, "Show, Attend and Tell" (Xu et al. 2015), on a vitscope ViT encoder.
+
+At every step the LSTM's previous hidden state scores every image token with additive (Bahdanau)
+attention, the weighted sum of the tokens is the context vector, a sigmoid gate computed from the
+same hidden state scales it (the paper's beta, sec. 4.2.1), and the LSTM reads the previous word's
+embedding with that context:
+
+    alpha_t = softmax_i( v^T tanh(W_h h_{t-1} + W_a a_i) )            (R, N)   AdditiveAttention
+    z_t     = sigmoid(f_beta(h_{t-1})) * sum_i alpha_ti a_i            (R, De)
+    h_t, c_t = LSTM([E y_{t-1}; z_t], (h_{t-1}, c_{t-1}))
+    p(y_t)  = softmax( L_o(dropout(E y_{t-1} + L_h h_t + L_z z_t)) )   the deep output, eq. 7
+
+h_0 and c_0 come from the mean image token through two linear layers (eq. 5). Training adds the
+paper's doubly stochastic attention regulariser, lambda * sum_i (1 - sum_t alpha_ti)^2 (eq. 14),
+which pushes every image token to be looked at over the caption; sums run over the real caption
+steps (not pads) and the real image tokens.
+
+Unlike the transformer, the recurrence runs step by step in training too; `forward` and decoding
+call the same `_step`, so teacher-forced logits equal the decoder's step-by-step logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitscope.attention import AdditiveAttention
+from vitscope.caption.transformer import EncoderSpec, build_encoder, encode_tokens
+from vitscope.caption.vocab import PAD
+
+
+@dataclass
+class ShowAttendTellConfig:
+    vocab_size: int
+    encoder: EncoderSpec = field(default_factory=EncoderSpec)
+    embed_dim: int = 256
+    hidden_dim: int = 512
+    attn_dim: int = 256
+    max_len: int = 32  # the longest caption decoded, <bos> included (an LSTM has no position table;
+    # the limit keeps the two captioners' decoding interfaces alike)
+    drop: float = 0.3
+    attention_reg: float = 1.0  # lambda of the doubly stochastic regulariser
+    label_smoothing: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShowAttendTellConfig:
+        d = dict(d)
+        d["encoder"] = EncoderSpec(**d.get("encoder", {}))
+        return cls(**d)
+
+
+@dataclass
+class LSTMState:
+    """One row per hypothesis (R = B·K under beam search)."""
+
+    memory: Tensor  # (R, N, De)
+    keep: Tensor | None  # (R, N) True at real image tokens
+    h: Tensor  # (R, Hd)
+    c: Tensor  # (R, Hd)
+    tokens: Tensor  # (R, t) fed so far; the last one is read by the next step
+
+
+class ShowAttendTell(nn.Module):
+    kind = "lstm"
+
+    def __init__(self, config: ShowAttendTellConfig):
+        super().__init__()
+        self.config = config
+        e = config.encoder
+        self.encoder = build_encoder(e.preset, e.overrides, e.pretrained)
+        d, hd, emb = self.encoder.config.embed_dim, config.hidden_dim, config.embed_dim
+        self.embed = nn.Embedding(config.vocab_size, emb)
+        self.init_h = nn.Linear(d, hd)
+        self.init_c = nn.Linear(d, hd)
+        self.attention = AdditiveAttention(hd, d, config.attn_dim)
+        self.gate = nn.Linear(hd, d)
+        self.lstm = nn.LSTMCell(emb + d, hd)
+        self.out_h = nn.Linear(hd, emb)
+        self.out_z = nn.Linear(d, emb)
+        self.head = nn.Linear(emb, config.vocab_size)
+        self.drop = nn.Dropout(config.drop)
+        self.max_len = config.max_len
+        self.num_prefix_tokens = self.encoder.num_prefix_tokens
+        self.grid = self.encoder.patch_embed.grid_size
+
+    def encode(self, images: Tensor) -> Tensor:
+        return encode_tokens(self.encoder, images)  # (B, N, De)
+
+    def _initial(self, memory: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor]:
+        if keep is None:
+            mean = memory.mean(1)  # (R, De)
+        else:
+            w = keep.to(memory.dtype)[..., None]  # (R, N, 1)
+            mean = (memory * w).sum(1) / w.sum(1).clamp_min(1)
+        return self.init_h(mean), self.init_c(mean)
+
+    def _step(self, word: Tensor, h: Tensor, c: Tensor, memory: Tensor, keep: Tensor | None):
+        """word (R,) -> logits (R, V), alpha (R, N), h, c."""
+        e = self.embed(word)  # (R, E)
+        z, alpha = self.attention(h, memory, mask=keep)  # (R, De), (R, N)
+        z = torch.sigmoid(self.gate(h)) * z  # the gate: how much the image matters for this word
+        h, c = self.lstm(torch.cat([e, z], -1), (h, c))
+        logits = self.head(self.drop(e + self.out_h(h) + self.out_z(z)))
+        return logits, alpha, h, c
+
+    # -- training --------------------------------------------------------------------------------------
+    def forward(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None):
+        """Teacher forcing: tokens (B, T) -> logits (B, T-1, V), alphas (B, T-1, N)."""
+        memory = self.encode(images)
+        keep = None if memory_padding is None else ~memory_padding
+        h, c = self._initial(memory, keep)
+        logits, alphas = [], []
+        for t in range(tokens.shape[1] - 1):
+            out, alpha, h, c = self._step(tokens[:, t], h, c, memory, keep)
+            logits.append(out)
+            alphas.append(alpha)
+        return torch.stack(logits, 1), torch.stack(alphas, 1)
+
+    def losses(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> dict[str, Tensor]:
+        """{'loss': xent + reg, 'xent': mean over real targets, 'attention_reg': lambda * mean over images}."""
+        logits, alphas = self(images, tokens, memory_padding=memory_padding)
+        targets = tokens[:, 1:]
+        xent = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
+                               label_smoothing=self.config.label_smoothing)
+        real_steps = (targets != PAD).to(alphas.dtype)[..., None]  # (B, T-1, 1)
+        coverage = (alphas * real_steps).sum(1)  # (B, N): sum_t alpha_ti
+        gap = (1 - coverage) ** 2
+        if memory_padding is not None:
+            gap = gap.masked_fill(memory_padding, 0.0)
+        reg = self.config.attention_reg * gap.sum(1).mean()
+        return {"loss": xent + reg, "xent": xent, "attention_reg": reg}
+
+    def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
+        return self.losses(images, tokens, memory_padding=memory_padding)["loss"]
+
+    # -- the step interface (vitscope.caption.decoding) -------------------------------------------------
+    def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
+              bos: int = 1) -> LSTMState:
+        """`use_cache` is accepted for a common interface: an LSTM's state is its cache."""
+        keep = None if memory_padding is None else ~memory_padding
+        h, c = self._initial(memory, keep)
+        tokens = torch.full((memory.shape[0], 1), bos, dtype=torch.long, device=memory.device)
+        return LSTMState(memory, keep, h, c, tokens)
+
+    def step(self, state: LSTMState) -> tuple[Tensor, Tensor, LSTMState]:
+        """Logits for the token after state.tokens (R, V) and the alignment that chose it (R, N)."""
+        logits, alpha, h, c = self._step(state.tokens[:, -1], state.h, state.c, state.memory, state.keep)
+        return logits, alpha, LSTMState(state.memory, state.keep, h, c, state.tokens)
+
+    def extend(self, state: LSTMState, token: Tensor) -> LSTMState:
+        state.tokens = torch.cat([state.tokens, token[:, None]], 1)
+        return state
+
+    def reorder(self, state: LSTMState, index: Tensor) -> LSTMState:
+        keep = state.keep.index_select(0, index) if state.keep is not None else None
+        return LSTMState(state.memory.index_select(0, index), keep, state.h.index_select(0, index),
+                         state.c.index_select(0, index), state.tokens.index_select(0, index))

@@ -1,0 +1,181 @@
+"""The transformer captioner: a ViT encoder's tokens -> a Transformer decoder that cross-attends to them.
+
+    image (B, C, H, W) -> VisionTransformer.forward_features -> memory (B, N, De)
+    <bos> w1 w2 ... (B, T) -> TransformerDecoder(masked self-attention, cross-attention over memory)
+                           -> logits (B, T, V) for w1 w2 ... <eos>
+
+The encoder is any vitscope preset (`vitscope.models.create_model`), so timm / pretrained weights
+load as they do for classification; its classifier head is dropped (num_classes=0) and every token
+(class token included, when the preset has one) is the decoder's memory.
+
+Training is teacher forcing: the decoder reads the reference shifted right and predicts it shifted
+left; targets that are <pad> are left out of the loss (ignore_index). No padding mask is needed on
+the decoder's self-attention: captions are padded on the right, so causality already keeps every
+real token from seeing the pads after it, and the fused causal kernel stays usable.
+
+Decoding goes one token at a time through `start` / `step` / `reorder` (the interface
+`vitscope.caption.decoding` drives for both captioners): with `use_cache` each step feeds only the
+newest token and reuses every block's self-attention keys/values and the memory's cross-attention
+keys/values; without it each step re-runs the whole prefix. Both give the same logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from vitscope.attention import KVCache, key_padding_mask
+from vitscope.caption.vocab import PAD
+from vitscope.decoder import Caches, TransformerDecoder
+from vitscope.models import create_model
+from vitscope.vit import VisionTransformer
+
+
+# -- the encoder, shared with the LSTM baseline -----------------------------------------------------------
+def build_encoder(preset: str, overrides: dict | None = None, pretrained: bool | str = False) -> VisionTransformer:
+    """A vitscope ViT without its classifier head (num_classes=0)."""
+    return create_model(preset, pretrained=pretrained, **{**(overrides or {}), "num_classes": 0})
+
+
+def encode_tokens(encoder: VisionTransformer, images: Tensor) -> Tensor:
+    """images (B, C, H, W) -> every token after the last block, normalised: (B, N, De).
+
+    With average pooling timm puts the final LayerNorm after pooling (`fc_norm`) and none on the
+    tokens; it is applied per token here, so the memory is normalised either way.
+    """
+    x = encoder.forward_features(images)  # (B, N, De)
+    if isinstance(encoder.norm, nn.Identity) and not isinstance(encoder.fc_norm, nn.Identity):
+        x = encoder.fc_norm(x)
+    return x
+
+
+@dataclass
+class EncoderSpec:
+    """Which ViT encodes the image: a preset name, overrides of its config, pretrained weights."""
+
+    preset: str = "vit_fmnist_quick"
+    overrides: dict = field(default_factory=dict)
+    pretrained: bool | str = False
+
+
+# -- config and model ------------------------------------------------------------------------------------
+@dataclass
+class TransformerCaptionerConfig:
+    vocab_size: int
+    encoder: EncoderSpec = field(default_factory=EncoderSpec)
+    dim: int = 256
+    depth: int = 3
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    max_len: int = 32  # positions, <bos> included: the longest caption decoded or trained
+    drop: float = 0.1
+    label_smoothing: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TransformerCaptionerConfig:
+        d = dict(d)
+        d["encoder"] = EncoderSpec(**d.get("encoder", {}))
+        return cls(**d)
+
+
+@dataclass
+class TransformerState:
+    """What decoding carries between steps, one row per hypothesis (R = B·K under beam search)."""
+
+    memory: Tensor  # (R, N, De)
+    memory_padding: Tensor | None  # (R, N) True at padded image tokens
+    caches: Caches | None  # per block (self, cross) KV caches; None: re-run the prefix
+    tokens: Tensor  # (R, t) every token fed so far
+
+
+class TransformerCaptioner(nn.Module):
+    kind = "transformer"
+
+    def __init__(self, config: TransformerCaptionerConfig):
+        super().__init__()
+        self.config = config
+        e = config.encoder
+        self.encoder = build_encoder(e.preset, e.overrides, e.pretrained)
+        self.decoder = TransformerDecoder(
+            config.vocab_size, config.dim, config.depth, config.num_heads, config.max_len,
+            context_dim=self.encoder.config.embed_dim, mlp_ratio=config.mlp_ratio, drop=config.drop,
+        )
+        self.max_len = config.max_len
+        self.num_prefix_tokens = self.encoder.num_prefix_tokens
+        self.grid = self.encoder.patch_embed.grid_size  # (gh, gw) of the image tokens after the prefix
+
+    # -- training --------------------------------------------------------------------------------------
+    def encode(self, images: Tensor) -> Tensor:
+        return encode_tokens(self.encoder, images)  # (B, N, De)
+
+    def forward(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
+        """Teacher forcing: images (B, C, H, W), tokens (B, T) <bos> ... <eos> <pad>... ->
+        logits (B, T-1, V), row t predicting tokens[:, t+1]."""
+        memory = self.encode(images)
+        return self.decoder(tokens[:, :-1], memory, context_padding_mask=memory_padding)
+
+    def losses(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> dict[str, Tensor]:
+        """{'loss', 'xent'}: mean cross-entropy over the real target tokens (pads ignored)."""
+        logits = self(images, tokens, memory_padding=memory_padding)  # (B, T-1, V)
+        xent = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), ignore_index=PAD,
+                               label_smoothing=self.config.label_smoothing)
+        return {"loss": xent, "xent": xent}
+
+    def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
+        return self.losses(images, tokens, memory_padding=memory_padding)["loss"]
+
+    # -- the decoder with every block's cross-attention weights --------------------------------------------
+    def decode_with_attention(self, tokens: Tensor, memory: Tensor, *, caches: Caches | None = None,
+                              memory_padding: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """TransformerDecoder.forward that also returns the cross-attention:
+        tokens (R, T) (only the new ones with `caches`) -> logits (R, T, V), weights (R, T, L, H, N)."""
+        d = self.decoder
+        past = len(caches[0][0]) if caches else 0
+        x = d.drop(d.pos_embed(d.token_embed(tokens), offset=past))  # (R, T, D)
+        context_mask = None if memory_padding is None else key_padding_mask(padded=memory_padding)
+        cross = []
+        for i, block in enumerate(d.blocks):
+            x, _, w = block(x, memory, context_mask=context_mask, caches=caches[i] if caches else None,
+                            return_weights=True)
+            cross.append(w)  # (R, H, T, N)
+        weights = rearrange(torch.stack(cross), "l r h t n -> r t l h n")
+        return d.head(d.norm(x)), weights
+
+    # -- the step interface (vitscope.caption.decoding) -------------------------------------------------
+    def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
+              bos: int = 1) -> TransformerState:
+        r = memory.shape[0]
+        tokens = torch.full((r, 1), bos, dtype=torch.long, device=memory.device)
+        return TransformerState(memory, memory_padding, self.decoder.new_caches() if use_cache else None, tokens)
+
+    def step(self, state: TransformerState) -> tuple[Tensor, Tensor, TransformerState]:
+        """Logits for the token after state.tokens: (R, V), its cross-attention (R, L, H, N)."""
+        if state.caches is not None:
+            new = state.tokens[:, len(state.caches[0][0]):]  # (R, 1): only what the caches lack
+            logits, w = self.decode_with_attention(new, state.memory, caches=state.caches,
+                                                   memory_padding=state.memory_padding)
+        else:
+            logits, w = self.decode_with_attention(state.tokens, state.memory, memory_padding=state.memory_padding)
+        return logits[:, -1], w[:, -1], state
+
+    def extend(self, state: TransformerState, token: Tensor) -> TransformerState:
+        """Append the chosen token (R,) to every row."""
+        state.tokens = torch.cat([state.tokens, token[:, None]], 1)
+        return state
+
+    def reorder(self, state: TransformerState, index: Tensor) -> TransformerState:
+        """Rows `index` (R',) of the state: beams reselected, or each image repeated K times.
+        The caches follow their hypotheses (index_select on the row dim)."""
+        caches = None
+        if state.caches is not None:
+            caches = [tuple(KVCache(c.k.index_select(0, index), c.v.index_select(0, index)) if c.k is not None
+                            else KVCache() for c in pair) for pair in state.caches]
+        pad = state.memory_padding.index_select(0, index) if state.memory_padding is not None else None
+        return TransformerState(state.memory.index_select(0, index), pad, caches, state.tokens.index_select(0, index))
