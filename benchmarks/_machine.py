@@ -64,6 +64,17 @@ def uncommitted() -> str:
     return ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "") or "none"
 
 
+def kernels_running() -> str:
+    """vitscope's kernels that can run here (name, instruction set, dtype), as `vitscope bench` lists them:
+    a table's vitscope rows are only comparable between machines, or commits, that run the same ones."""
+    from vitscope import kernels
+
+    running = [f"{k.name} ({k.isa or 'oneDNN'}, {'/'.join(k.dtypes)})" for k in kernels.KERNELS
+               if kernels.why_not(k) is None]
+    cap = os.environ.get("VITSCOPE_ISA")
+    return (", ".join(running) or "none") + (f" (capped by VITSCOPE_ISA={cap})" if cap else "")
+
+
 def machine_info() -> dict[str, object]:
     """Facts about this machine and software, for a benchmark's header."""
     import torch
@@ -88,6 +99,7 @@ def machine_info() -> dict[str, object]:
         "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "bf16_matmul": "native (oneDNN)" if bf16.native_matmul() else "emulated (PyTorch's fallback loop; slow)",
+        "vitscope_kernels": kernels_running(),
         "python": platform.python_version(),
         "vitscope_commit": commit(),
         "uncommitted": uncommitted(),
@@ -108,6 +120,7 @@ def machine_header(extra: dict[str, object] | None = None) -> str:
         "torch": "torch",
         "torch_cpu_capability": "torch CPU capability",
         "bf16_matmul": "bfloat16 matmuls",
+        "vitscope_kernels": "vitscope's kernels that run here",
         "python": "python",
         "vitscope_commit": "vitscope commit",
         "uncommitted": "tracked files changed since that commit",

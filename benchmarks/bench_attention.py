@@ -8,15 +8,15 @@ warm-up, then the median of several timed repeats. Each worker keeps its freed m
 large fresh output, such as the explicit path's (B, H, N, N) weights, does not also pay page faults.
 
 Implementations, attention cores on q, k, v (B, H, N, D):
-  attend            vitscope.attention.attend as shipped (its own choice: vitscope's C kernel for
-                    bfloat16 with at most 256 keys where it can run, else fused or explicit)
+  attend            vitscope.kernels.attend: vitscope's C attention kernels where they run on this CPU,
+                    else vitscope.attention.attend's own choice of fused or explicit
   fused             F.scaled_dot_product_attention called directly
   explicit          attend's explicit path as it runs when no weights are returned (bfloat16 training
                     at N <= EXPLICIT_HALF_MAX_KEYS): q @ kᵀ · scale, softmax computed in float32 and
                     kept in the input dtype, then @ v
   tutorial          the tutorials' code as written: q @ kᵀ / sqrt(d), softmax, @ v (input dtype)
 and modules on x (B, N, E=H*D), which include the q/k/v and output projections:
-  vitscope MHA      vitscope.attention.MultiHeadAttention
+  vitscope MHA      vitscope.attention.MultiHeadAttention with the kernels swapped in (vitscope.kernels.apply)
   nn.MHA            torch.nn.MultiheadAttention(batch_first=True), called with need_weights=False
   nn.MHA weights    the same module called as tutorials do, with the default need_weights=True
 
@@ -166,7 +166,7 @@ def _build(impl: str, b: int, n: int, dtype, train: bool):
     import torch
     import torch.nn.functional as F
 
-    from vitscope import attention
+    from vitscope import attention, kernels
 
     gen = torch.Generator().manual_seed(0)
     if impl in CORES:
@@ -175,7 +175,7 @@ def _build(impl: str, b: int, n: int, dtype, train: bool):
             t.requires_grad_(train)
         grad = torch.randn(b, HEADS, n, HEAD_DIM, generator=gen).to(dtype)
         fn = {
-            "attend": lambda: attention.attend(q, k, v),
+            "attend": lambda: kernels.attend(q, k, v),
             "fused": lambda: F.scaled_dot_product_attention(q, k, v),
             "explicit": lambda: attention.attention_weights(q, k, dtype=v.dtype) @ v,  # attend's explicit branch
             "tutorial": lambda: tutorial_attention(q, k, v),
@@ -186,7 +186,7 @@ def _build(impl: str, b: int, n: int, dtype, train: bool):
         x = torch.randn(b, n, EMBED, generator=gen).to(dtype).requires_grad_(train)
         grad = torch.randn(b, n, EMBED, generator=gen).to(dtype)
         if impl == "vitscope MHA":
-            module = attention.MultiHeadAttention(EMBED, HEADS)
+            module = kernels.apply(attention.MultiHeadAttention(EMBED, HEADS))
             fn = lambda: module(x)
             path = "attend"
         else:

@@ -12,11 +12,13 @@ weights), as on the CPU.
 1. The ViT training step (forward, cross-entropy, backward, AdamW, zero_grad) and inference forward
    for bench_vit.py's two plain shapes, in images/s: vitscope, transformers' ViT (sdpa and eager),
    vit-pytorch (when installed) and the tutorials' code, built by bench_vit.build_model from the same
-   numbers. Batches are larger than the CPU's, so that the GPU, not the launch overhead, sets the pace.
+   numbers, vitscope's with its kernels applied as on a CPU (vitscope.kernels.apply): on a GPU tensor the
+   C kernels stand aside, and what stays is the last block computing the class token's output alone.
+   Batches are larger than the CPU's, so that the GPU, not the launch overhead, sets the pace.
    With `--compile`, every training step again under torch.compile (compile time reported apart).
 2. Attention at ViT-S head shapes (6 heads of 64), N in {65, 257, 1025, 4097, 16385}, B·N about 65k
-   tokens: vitscope's `attend` (on a GPU it hands the call to PyTorch's fused kernel: flash or
-   cuDNN), F.scaled_dot_product_attention, the explicit softmax path (where the scores fit), and
+   tokens: vitscope's `attend` (vitscope.kernels.attend; on a GPU it hands the call to PyTorch's fused
+   kernel: flash or cuDNN), F.scaled_dot_product_attention, the explicit softmax path (where the scores fit), and
    vitscope's MultiHeadAttention against nn.MultiheadAttention; forward and forward+backward, time,
    TFLOP/s and share of the GPU's measured bfloat16 matmul peak, peak memory.
 """
@@ -35,7 +37,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import bench_vit  # noqa: E402
-from vitscope.attention import MultiHeadAttention, attend  # noqa: E402
+from vitscope import kernels  # noqa: E402
+from vitscope.attention import MultiHeadAttention  # noqa: E402
 from vitscope.training.loop import compile_options  # noqa: E402
 
 SECTION = "## GPU (benchmarks/bench_gpu.py)"
@@ -211,10 +214,10 @@ def attention_rows(lengths: tuple[int, ...], peak: float, steps: int) -> list[st
         q, k, v = (torch.randn(b, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for _ in range(3))
         x = torch.randn(b, n, HEADS * HEAD_DIM, device="cuda", generator=gen)
-        ours_mha = MultiHeadAttention(HEADS * HEAD_DIM, HEADS).cuda()
+        ours_mha = kernels.apply(MultiHeadAttention(HEADS * HEAD_DIM, HEADS)).cuda()
         ref_mha = torch.nn.MultiheadAttention(HEADS * HEAD_DIM, HEADS, batch_first=True).cuda()
         scores_gib = b * HEADS * n * n * 4 / 2**30
-        cases = {"attend": lambda q, k, v: attend(q, k, v), "sdpa": F.scaled_dot_product_attention}
+        cases = {"attend": lambda q, k, v: kernels.attend(q, k, v), "sdpa": F.scaled_dot_product_attention}
         if scores_gib < 8:
             cases["explicit"] = explicit
         flops = 4 * b * HEADS * n * n * HEAD_DIM

@@ -3,7 +3,9 @@
 Training steps (forward, cross-entropy, backward, AdamW step, zero_grad) and inference forwards
 (in `torch.inference_mode`), in images/s, for the same model shape in several implementations:
 
-  vitscope             vitscope.models.create_model (the preset, plus overrides for the shape)
+  vitscope             vitscope.models.create_model(..., kernels=True): the preset, plus overrides for the
+                       shape, with vitscope's CPU kernels swapped in (vitscope.kernels.apply), as
+                       `vitscope train` and `vitscope eval` run it
   transformers sdpa    transformers' ViTForImageClassification, attn_implementation="sdpa"
   transformers eager   the same with attn_implementation="eager"
   vit-pytorch          lucidrains' vit_pytorch.vit.ViT (optional, see VIT_PYTORCH_INSTALL)
@@ -134,8 +136,10 @@ def load_vit_pytorch():
     return module.ViT
 
 
-def build_model(impl: str, shape: str):
-    """The model for (impl, shape) in float32, with the same width, depth, heads and MLP width."""
+def build_model(impl: str, shape: str, *, kernels: bool = True):
+    """The model for (impl, shape) in float32, with the same width, depth, heads and MLP width; vitscope's
+    with its kernels swapped in (vitscope.kernels.apply) unless `kernels` is False (a plain vitscope model
+    is PyTorch alone, which is not what `vitscope train` runs on a CPU)."""
     import torch
 
     cfg = shape_config(shape)
@@ -143,7 +147,7 @@ def build_model(impl: str, shape: str):
         from vitscope.models import create_model
 
         s = SHAPES[shape]
-        return create_model(s["preset"], **s["overrides"])
+        return create_model(s["preset"], kernels=kernels, **s["overrides"])
     img, p, c, d = cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim
     hidden = int(d * cfg.mlp_ratio)
     if impl in ("hf-sdpa", "hf-eager"):
@@ -400,7 +404,7 @@ def check_parameter_counts(shapes: list[str], impls: list[str]) -> None:
         counts = {}
         for impl in [i for i in impls if i == "vitscope" or i.startswith("hf-")]:
             with torch.device("meta"):
-                counts[impl] = sum(p.numel() for p in build_model(impl, shape).parameters())
+                counts[impl] = sum(p.numel() for p in build_model(impl, shape, kernels=False).parameters())
         for impl, n in counts.items():
             if n != counts["vitscope"]:
                 sys.exit(f"{shape}: vitscope has {counts['vitscope']:,} parameters but {LABELS[impl]} has {n:,}; "
@@ -590,7 +594,8 @@ NOTES = (
     "inference is a forward in "
     "`torch.inference_mode()`. "
     "bfloat16 rows run under `torch.autocast('cpu', dtype=torch.bfloat16)` with float32 weights. Dropout is 0.0 "
-    "everywhere (the tutorial's included) so all implementations compute the same function; vitscope's last "
+    "everywhere (the tutorial's included) so all implementations compute the same function; vitscope's model "
+    "runs with its kernels swapped in (`create_model(..., kernels=True)`, i.e. `vitscope.kernels.apply`), whose last "
     "block computes the class token's output alone where the head reads nothing else (token pooling), which the "
     "others compute for every token and then drop; in bfloat16 vitscope's linear layers and patch embedding run "
     "oneDNN's fused linear (the bias, and in inference fc1's GELU, inside the matmul; in training under an "
