@@ -24,7 +24,7 @@ def vit_bf16_grads(monkeypatch):
     from vitscope.models import create_model
 
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, kernels=True)
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
 
     def grads(off: tuple[object, str] | None = None) -> dict[str, torch.Tensor]:
@@ -55,7 +55,7 @@ def long_vit_grads_against_pytorch(monkeypatch, dtype: torch.dtype, tol: float) 
     from vitscope.models import create_model
 
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, img_size=96)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, img_size=96, kernels=True)
     x, y = torch.randn(2, 1, 96, 96), torch.randint(0, 10, (2,))
     calls = []
     real = short_attention.attend_qkv

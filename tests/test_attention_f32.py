@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
+from vitscope import kernels
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.kernels import short_attention
 from vitscope.models import create_model
@@ -118,7 +119,7 @@ def test_attend_routes_only_what_the_kernel_computes():
     q, k, v = _qkv(2, 2, 50, 50, 32)
     assert short_attention.usable(q, k, v)
     with torch.inference_mode():
-        assert attend(q, k, v).transpose(1, 2).is_contiguous()  # the kernel's (B, N, H, D) layout
+        assert kernels.attend(q, k, v).transpose(1, 2).is_contiguous()  # the kernel's (B, N, H, D) layout
     assert short_attention.usable(*_qkv(1, 1, 8, 8, 48))  # multiples of 16, not only of 32
     multiple = KERNEL.head_dim_multiple  # 16 with AVX-512, 8 with AVX2
     assert short_attention.usable(*_qkv(1, 1, 8, 8, 40)) == (40 % multiple == 0)
@@ -156,7 +157,7 @@ def test_multi_head_attention_matches_torch_multihead_attention(monkeypatch):
     real = short_attention.attend_qkv
     monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
-    ours = MultiHeadAttention(128, 4)
+    ours = kernels.apply(MultiHeadAttention(128, 4))
     ref = torch.nn.MultiheadAttention(128, 4, batch_first=True)
     with torch.no_grad():
         ref.in_proj_weight.copy_(ours.qkv.weight)
@@ -177,7 +178,7 @@ def test_multi_head_attention_matches_torch_multihead_attention(monkeypatch):
 @needs_kernel
 def test_vit_training_gradients_match_pytorch_kernels(monkeypatch):
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, kernels=True)
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
 
     def grads():

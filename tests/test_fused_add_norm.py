@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from conftest import random_layer_norm
+from vitscope import kernels
 from vitscope.kernels import fused_add_norm, fused_layer_norm, fused_residual, native
 from vitscope.vit import Block
 
@@ -94,7 +95,7 @@ def test_only_where_both_kernels_would_run():
 
 def _block(seed=0):
     torch.manual_seed(seed)
-    block = Block(128, 4)
+    block = kernels.apply(Block(128, 4))
     for p in block.parameters():
         nn.init.normal_(p, std=0.1)
     return block
@@ -149,8 +150,8 @@ def test_block_keeps_them_apart_where_hooks_watch(monkeypatch):
     block.norm2.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     with torch.autocast("cpu", dtype=BF):
         block(torch.randn(2, 10, 128))
-        Block(128, 4, init_values=1e-5)(torch.randn(2, 10, 128))  # LayerScale on the branch
-        Block(128, 4, drop_path=0.5).train()(torch.randn(2, 10, 128))
+        kernels.apply(Block(128, 4, init_values=1e-5))(torch.randn(2, 10, 128))  # LayerScale on the branch
+        kernels.apply(Block(128, 4, drop_path=0.5)).train()(torch.randn(2, 10, 128))
     assert not calls and seen == [torch.float32]
 
 
@@ -163,7 +164,7 @@ def test_model_logits_and_gradients_same_as_without_it(vit_bf16_grads, monkeypat
     assert all(torch.equal(a, b) for a, b in zip(vit_bf16_grads().values(),
                                                   vit_bf16_grads(off=(fused_add_norm, "fusable")).values()))
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=3).eval()
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=3, kernels=True).eval()
     x = torch.randn(8, 1, 28, 28)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         out = model(x)
@@ -182,7 +183,7 @@ def test_model_loop_chains_blocks_only_where_nothing_hooks_them(monkeypatch):
     real = fused_add_norm.add_layer_norm
     monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=3).eval()
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=3, kernels=True).eval()
     x = torch.randn(4, 1, 28, 28)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         out = model.forward_features(x)
@@ -203,7 +204,7 @@ def test_model_loop_takes_blocks_of_other_kinds():
     from vitscope.models import create_model
 
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", depth=3).eval()
+    model = create_model("vit_tiny_patch4_28", depth=3, kernels=True).eval()
     x = torch.randn(2, 1, 28, 28)
     model.blocks[1] = nn.Identity()
     with torch.inference_mode():

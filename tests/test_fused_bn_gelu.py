@@ -145,7 +145,7 @@ def test_the_conv_stem_fuses_each_pair_unless_a_hook_could_see_between(dtype, mo
     fused = fused_bn_gelu.bn_gelu
     monkeypatch.setattr(fused_bn_gelu, "bn_gelu", lambda x, bn: calls.append(x.shape[1]) or fused(x, bn))
     torch.manual_seed(0)
-    model = create_model("vit_fmnist_quick")
+    model = create_model("vit_fmnist_quick", kernels=True)
     ref_model = copy.deepcopy(model)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
     with torch.autocast("cpu", dtype=BF, enabled=dtype == BF):

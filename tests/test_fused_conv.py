@@ -277,7 +277,7 @@ def test_the_conv_stem_takes_its_weight_gradients_from_the_kernel_unless_hooked(
     kernel = getattr(fused_conv, _kernel_name(dtype))
     monkeypatch.setattr(fused_conv, _kernel_name(dtype), lambda g, x, *a: calls.append(x.shape[1]) or kernel(g, x, *a))
     torch.manual_seed(0)
-    model = create_model("vit_fmnist_quick")
+    model = create_model("vit_fmnist_quick", kernels=True)
     x = torch.randn(4, 1, 28, 28)
     with _autocast(dtype):
         model(x).float().sum().backward()
@@ -296,7 +296,7 @@ def test_the_conv_stem_takes_its_weight_gradients_from_the_kernel_unless_hooked(
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_training_step_of_the_quick_model_gives_onednns_gradients(dtype, monkeypatch):
     torch.manual_seed(0)
-    model = create_model("vit_fmnist_quick")
+    model = create_model("vit_fmnist_quick", kernels=True)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
     shipped = fused_conv.fusable
 

@@ -111,7 +111,7 @@ def test_the_conv_stem_takes_its_gelus_from_the_table_in_bfloat16_training(monke
     table = fused_gelu.gelu
     monkeypatch.setattr(fused_gelu, "gelu", lambda a: calls.append(a.shape) or table(a))
     torch.manual_seed(0)
-    model = create_model("vit_fmnist_quick")
+    model = create_model("vit_fmnist_quick", kernels=True)
     x = torch.randn(4, 1, 28, 28)
     with torch.autocast("cpu", dtype=BF):
         model(x).float().sum().backward()

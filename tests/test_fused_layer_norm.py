@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from conftest import assert_grads_close, random_layer_norm
+from vitscope import kernels
 from vitscope.kernels import fused_add_norm, fused_layer_norm, native
 from vitscope.vit import Block
 
@@ -91,7 +92,7 @@ def test_block_uses_it_only_when_nothing_could_see_the_dtype(monkeypatch):
     monkeypatch.setattr(fused_layer_norm, "layer_norm", lambda *a: calls.append(1) or real(*a))
     real_add_norm = fused_add_norm.add_layer_norm  # norm2 with the residual before it: the same kernel's pass
     monkeypatch.setattr(fused_add_norm, "add_layer_norm", lambda *a, **k: calls.append(1) or real_add_norm(*a, **k))
-    block = Block(64, 4)
+    block = kernels.apply(Block(64, 4))
     x = torch.randn(2, 10, 64)
     with torch.autocast("cpu", dtype=BF):
         block(x)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitscope import kernels
 from vitscope.kernels import fused_gelu, fused_linear, linear_kernel, native
 from vitscope.kernels.fused_linear import Linear
 from vitscope.vit import Mlp, VisionTransformer, ViTConfig
@@ -173,7 +174,7 @@ def test_the_gelu_is_fused_only_where_no_gradient_is_needed(calls, monkeypatch):
     from vitscope.kernels import fused_mlp
 
     monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)  # training's own MLP: tests/test_fused_mlp.py
-    mlp = Mlp(48, 96)
+    mlp = kernels.apply(Mlp(48, 96))
     x = torch.randn(2, 48)
     with torch.autocast("cpu", dtype=BF16):
         mlp(x).float().sum().backward()
@@ -239,7 +240,7 @@ def test_linear_keeps_nn_linears_state_dict_and_hooks():
 
 def test_mlp_fuses_gelu_unless_a_hook_could_see_the_hidden_activation(calls):
     torch.manual_seed(0)
-    mlp = Mlp(48, 96).eval()
+    mlp = kernels.apply(Mlp(48, 96)).eval()
     x = torch.randn(2, 7, 48)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
         fused = mlp(x)
@@ -255,7 +256,7 @@ def test_mlp_fuses_gelu_unless_a_hook_could_see_the_hidden_activation(calls):
 
 
 def test_mlp_in_training_mode_with_dropout_does_not_fuse(calls):
-    mlp = Mlp(48, 96, drop=0.5).train()
+    mlp = kernels.apply(Mlp(48, 96, drop=0.5)).train()
     with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
         mlp(torch.randn(2, 48))
     assert "gelu" not in calls
@@ -264,7 +265,7 @@ def test_mlp_in_training_mode_with_dropout_does_not_fuse(calls):
 def test_vit_bfloat16_inference_logits_match_the_unfused_model(calls, monkeypatch):
     torch.manual_seed(0)
     cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=3, num_heads=4)
-    model = VisionTransformer(cfg).eval()
+    model = kernels.apply(VisionTransformer(cfg)).eval()
     x = torch.randn(8, 1, 28, 28)
     with torch.inference_mode():
         ref = model.double()(x.double())
@@ -282,8 +283,8 @@ def test_vit_bfloat16_inference_logits_match_the_unfused_model(calls, monkeypatc
 
 def test_patch_embedding_runs_as_a_linear_of_flattened_patches(calls):
     torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=0, embed_dim=48,
-                                        depth=0, num_heads=4)).eval()
+    cfg = ViTConfig(img_size=32, patch_size=8, in_chans=3, num_classes=0, embed_dim=48, depth=0, num_heads=4)
+    model = kernels.apply(VisionTransformer(cfg)).eval()
     pe = model.patch_embed
     x = torch.randn(2, 3, 32, 32)
     ref = F.conv2d(x.double(), pe.proj.weight.double(), pe.proj.bias.double(), stride=8).flatten(2).transpose(1, 2)
@@ -301,8 +302,9 @@ def test_patch_embedding_runs_as_a_linear_of_flattened_patches(calls):
 
 def test_a_conv_stem_keeps_the_patch_conv(calls):
     torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=0, embed_dim=32,
-                                        depth=0, num_heads=4, stem=[(16, 2)])).eval()
+    cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=0, embed_dim=32, depth=0, num_heads=4,
+                    stem=[(16, 2)])
+    model = kernels.apply(VisionTransformer(cfg)).eval()
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
         model.patch_embed(torch.randn(2, 1, 28, 28))
     assert calls == []
@@ -317,7 +319,7 @@ def test_a_replaced_fc1_runs_its_own_forward(calls):
             return 2 * super().forward(x)
 
     torch.manual_seed(0)
-    mlp = Mlp(48, 96).eval()
+    mlp = kernels.apply(Mlp(48, 96)).eval()
     x = torch.randn(2, 48)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
         mlp(x)
@@ -332,7 +334,7 @@ def test_vit_training_gradients_match_the_unfused_model(calls, monkeypatch):
     monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)  # training's own MLP: tests/test_fused_mlp.py
     torch.manual_seed(0)
     cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4)
-    model = VisionTransformer(cfg)
+    model = kernels.apply(VisionTransformer(cfg))
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
 
     def grads() -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close
+from vitscope import kernels
 from vitscope.kernels import fused_mlp, native
 from vitscope.vit import Mlp
 
@@ -71,7 +72,7 @@ def test_mlp_module_uses_it_in_training_only_when_nothing_observes_its_parts(mon
     calls = []
     real = fused_mlp.mlp
     monkeypatch.setattr(fused_mlp, "mlp", lambda *a: calls.append(1) or real(*a))
-    m = Mlp(32, 64)
+    m = kernels.apply(Mlp(32, 64))
     x = torch.randn(4, 10, 32)
     with torch.autocast("cpu", dtype=BF):
         m(x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vitscope import kernels
 from vitscope.kernels import fused_add_norm, fused_residual, native
 from vitscope.vit import Block
 
@@ -41,13 +42,13 @@ def test_block_adds_through_it_only_without_layer_scale_or_drop_path(monkeypatch
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     x = torch.randn(2, 10, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        Block(64, 4)(x)  # the first with norm2 (fused_add_norm), the second on its own
+        kernels.apply(Block(64, 4))(x)  # the first with norm2 (fused_add_norm), the second on its own
         assert calls == ["add_layer_norm", "add"]
         with torch.no_grad():
-            Block(64, 4)(x)  # nothing records: the second goes into the first's sum
+            kernels.apply(Block(64, 4))(x)  # nothing records: the second goes into the first's sum
         assert calls[2:] == ["add_layer_norm", "add_"]
-        Block(64, 4, init_values=1e-5)(x)  # LayerScale: x + gamma * branch, as before
-        Block(64, 4, drop_path=0.5).train()(x)
+        kernels.apply(Block(64, 4, init_values=1e-5))(x)  # LayerScale: x + gamma * branch, as before
+        kernels.apply(Block(64, 4, drop_path=0.5)).train()(x)
     assert len(calls) == 4
 
 

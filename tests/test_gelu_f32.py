@@ -107,7 +107,7 @@ def test_a_vit_trains_through_it_with_pytorchs_gradients(monkeypatch):
     monkeypatch.setattr(fused_mlp, "fusable", lambda *a: False)
     monkeypatch.setattr(fused_bn_gelu, "fusable", lambda *a: False)
     torch.manual_seed(0)
-    model = create_model("vit_fmnist_quick")
+    model = create_model("vit_fmnist_quick", kernels=True)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
 
     def grads():

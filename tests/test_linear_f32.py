@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitscope import kernels
 from vitscope.kernels import fused_linear, linear_f32, native
 from vitscope.vit import VisionTransformer, ViTConfig
 
@@ -164,7 +165,7 @@ def calls(monkeypatch):
 def test_vit_float32_training_takes_every_product_here_with_nn_linears_gradients(calls, monkeypatch):
     torch.manual_seed(0)
     cfg = ViTConfig(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4)
-    model = VisionTransformer(cfg)
+    model = kernels.apply(VisionTransformer(cfg))
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
 
     def step() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

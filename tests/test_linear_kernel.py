@@ -154,7 +154,7 @@ def test_a_vit_training_step_calls_it_and_gets_onednns_gradients(monkeypatch):
     fc2's multiply by GELU's derivative run the kernel, and loss and gradients agree with the same step in
     oneDNN's products to bfloat16 rounding."""
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", depth=2, mlp_ratio=4.0)
+    model = create_model("vit_tiny_patch4_28", depth=2, mlp_ratio=4.0, kernels=True)
     x, y = torch.randn(6, 1, 28, 28), torch.randint(0, 10, (6,))
     seen = []
     real = linear_kernel._call
@@ -183,7 +183,7 @@ def test_vit_s_inference_logits_agree_with_onednns(monkeypatch):
     """Inference with fc1's GELU in the kernel's pass: the same logits as with oneDNN's products, to
     bfloat16 rounding (a narrow ViT-S/16 shape to keep the test fast)."""
     torch.manual_seed(0)
-    model = create_model("vit_small_patch16_224", depth=2, img_size=64).eval()
+    model = create_model("vit_small_patch16_224", depth=2, img_size=64, kernels=True).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         ours = model(x).float()

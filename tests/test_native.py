@@ -17,7 +17,7 @@ needs_library = pytest.mark.skipif(native.library() is None, reason=f"kernels un
 
 
 def test_switched_off_by_environment():
-    code = "from vitscope import native; print(native.library() is None, native.why_not())"
+    code = "from vitscope.kernels import native; print(native.library() is None, native.why_not())"
     env = {**os.environ, "VITSCOPE_NATIVE": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True switched off by VITSCOPE_NATIVE=0"
@@ -159,7 +159,7 @@ def test_torch_compile_traces_a_vit_in_one_graph(bf16):
 
     from vitscope.models import create_model
 
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, kernels=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         explained = dynamo.explain(model)(torch.randn(4, 1, 28, 28))
     assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
@@ -200,7 +200,7 @@ ops = []
 def seen(gm, example_inputs):
     ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
     return gm
-model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, kernels=True)
 x = torch.randn(4, 1, 28, 28)
 print(dynamo.explain(model)(x).graph_break_count)
 dynamo.reset()
@@ -229,7 +229,7 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     if bf16 and short_attention.kernel_for(torch.bfloat16) is None:
         pytest.skip(short_attention.why_not(torch.bfloat16))
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2)
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, kernels=True)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
     ops = []
 
@@ -251,7 +251,7 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     # (qkv and proj per block, and the head)
     f32 = not bf16 and fused_linear.float32_kernels()
     assert ops.count("vitscope.mlp_f32.default") == (2 if f32 else 0)
-    assert ops.count("vitscope.kernels.linear_f32.default") == (5 if f32 else 0)
+    assert ops.count("vitscope.linear_f32.default") == (5 if f32 else 0)
     dynamo.reset()
     eager, compiled = grads(model), grads(torch.compile(model, backend="aot_eager"))
     dynamo.reset()

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
+from vitscope import kernels
 from vitscope.attention import attend
 from vitscope.kernels import native, short_attention
 from vitscope.models import create_model
@@ -137,7 +138,7 @@ def test_attend_routes_only_what_the_kernel_computes_exactly():
 
 def test_vit_inference_matches_pytorch_kernel():
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0).eval()
+    model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, kernels=True).eval()
     x = torch.randn(8, 1, 28, 28)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         ours = model(x).float()
@@ -214,7 +215,7 @@ def test_multi_head_attention_takes_the_qkv_path_only_when_nothing_else_is_asked
     calls = []
     real = short_attention.attend_qkv
     monkeypatch.setattr(short_attention, "attend_qkv", lambda *a, **k: calls.append(1) or real(*a, **k))
-    attn = MultiHeadAttention(128, 4).to(BF)
+    attn = kernels.apply(MultiHeadAttention(128, 4)).to(BF)
     x = torch.randn(2, 50, 128).to(BF)
     with torch.no_grad():
         fast = attn(x)

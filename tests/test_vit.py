@@ -6,6 +6,7 @@ import pytest
 import torch
 from einops import rearrange
 
+from vitscope import kernels
 from vitscope.models import create_model, get_config, list_models
 from vitscope.positional import resample_pos_embed
 from vitscope.vit import VisionTransformer, ViTConfig
@@ -119,7 +120,7 @@ def test_forward_head_pre_logits_is_the_normed_class_token():
 
 
 def test_forward_runs_the_last_block_for_the_class_token_with_the_same_logits_and_gradients():
-    model = _model().train()  # dropout and drop-path are 0 in SMALL: training and full paths do the same sums
+    model = kernels.apply(_model()).train()  # dropout and drop-path are 0 in SMALL: both paths do the same sums
     x = _images(b=3)
     full = model.forward_head(model.forward_features(x))
     full.square().sum().backward()
@@ -134,7 +135,7 @@ def test_forward_runs_the_last_block_for_the_class_token_with_the_same_logits_an
 
 
 def test_the_last_block_runs_in_full_when_something_reads_its_tokens():
-    model = _model()
+    model = kernels.apply(_model())
     x = _images()
     with torch.no_grad():
         expected = model.forward_head(model.forward_features(x))
@@ -150,7 +151,7 @@ def test_the_last_block_runs_in_full_when_something_reads_its_tokens():
         finally:
             handle.remove()
         assert model._only_class_token_read()
-        assert not _model(global_pool="avg", class_token=False)._only_class_token_read()
+        assert not kernels.apply(_model(global_pool="avg", class_token=False))._only_class_token_read()
 
 
 def test_forward_intermediates_equal_manual_block_application():
@@ -285,12 +286,12 @@ def test_param_groups_put_norms_biases_and_tables_in_no_decay():
 
 
 @pytest.mark.parametrize("act", ["gelu", "relu"])
-def test_conv_stem_runs_channels_last_and_gives_the_plain_layout_numbers(tmp_path, act):
+def test_conv_stem_runs_channels_last_with_the_kernels_and_gives_the_plain_layout_numbers(tmp_path, act):
     import torch.nn.functional as F
 
     from vitscope.weights.checkpoints import load_model, save_model
 
-    model = _model(stem=[(8, 1), (16, 2), (16, 2)], stem_act=act)
+    model = kernels.apply(_model(stem=[(8, 1), (16, 2), (16, 2)], stem_act=act))
     pe = model.patch_embed
     cl = torch.channels_last
     assert all(m.weight.is_contiguous(memory_format=cl) for m in pe.modules() if isinstance(m, torch.nn.Conv2d))
@@ -302,10 +303,11 @@ def test_conv_stem_runs_channels_last_and_gives_the_plain_layout_numbers(tmp_pat
         h = getattr(F, act)(F.batch_norm(h, bn.running_mean, bn.running_var, bn.weight, bn.bias, eps=bn.eps))
     h = F.conv2d(h, pe.proj.weight.contiguous(), pe.proj.bias, stride=pe.proj.stride)
     torch.testing.assert_close(pe(x), rearrange(h, "b d h w -> b (h w) d"), atol=1e-5, rtol=1e-5)
-    # a checkpoint round trip keeps both the numbers and the fast layout
+    # a checkpoint round trip keeps the numbers; the plain model keeps the default layout
     save_model(model, tmp_path / "m.safetensors")
     again = load_model(tmp_path / "m.safetensors").eval()
-    assert again.patch_embed.proj.weight.is_contiguous(memory_format=cl)
+    assert again.patch_embed.proj.weight.is_contiguous()
+    assert kernels.apply(again).patch_embed.proj.weight.is_contiguous(memory_format=cl)
     assert again.config.stem_act == act
     torch.testing.assert_close(again(x), model(x))
 

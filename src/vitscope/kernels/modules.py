@@ -51,13 +51,27 @@ def _dropping(drop: nn.Dropout) -> bool:
     return drop.training and drop.p > 0
 
 
-class FastMlp(Mlp):
+class _Settles:
+    """A fast module settles what its children's types decide when it is swapped in, and again whenever one
+    of its children is replaced (`mlp.fc1 = MyLinear(...)`), so a replaced child is never bypassed."""
+
+    def _settle(self) -> None:
+        pass
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if isinstance(value, nn.Module) and self.__dict__.get("_settled"):
+            self._settle()
+
+
+class FastMlp(_Settles, Mlp):
     """fc1 -> GELU -> fc2 with, in bfloat16 inference, fc1's bias and the GELU inside its product
     (fused_linear.py), and in training the GELU's derivative kept instead of its input (fused_mlp.py)."""
 
     def _settle(self) -> None:
         self._exact = (type(self.act) in (nn.GELU, GELU) and self.act.approximate == "none"
                        and type(self.fc1) is Linear and type(self.fc2) is Linear)
+        self._reads_through_linear = type(self.fc1) is Linear  # what a bfloat16 norm before it may feed
 
     def forward(self, x: Tensor) -> Tensor:
         if not (x.is_cpu and enabled() and self._exact) or _dropping(self.drop1):
@@ -71,13 +85,14 @@ class FastMlp(Mlp):
         return super().forward(x)
 
 
-class FastAttention(MultiHeadAttention):
+class FastAttention(_Settles, MultiHeadAttention):
     """Self-attention straight from the fused qkv projection into vitscope's attention kernels, which
     write the heads side by side as `proj` reads them (short_attention.py)."""
 
     def _settle(self) -> None:
         self._plain = (not self.cross and isinstance(self.q_norm, nn.Identity)
                        and isinstance(self.k_norm, nn.Identity))
+        self._reads_through_linear = self._plain and type(self.qkv) is Linear
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
                 causal: bool = False, cache=None, return_weights: bool = False, queries: int | None = None):
@@ -99,7 +114,7 @@ class FastAttention(MultiHeadAttention):
         return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
 
 
-class FastBlock(Block):
+class FastBlock(_Settles, Block):
     """The pre-norm block with, under bfloat16 autocast, each LayerNorm writing bfloat16 for the linear
     layer that reads it (fused_layer_norm.py), the residual adds in one pass (fused_residual.py), and a
     residual add and the next LayerNorm together (fused_add_norm.py), also across blocks
@@ -107,8 +122,17 @@ class FastBlock(Block):
 
     def _settle(self) -> None:
         self._plain_residuals = type(self.ls1) is nn.Identity and type(self.ls2) is nn.Identity
-        self._norm1_feeds = type(self.attn) is FastAttention and self.attn._plain and type(self.attn.qkv) is Linear
-        self._norm2_feeds = type(self.mlp) is FastMlp and type(self.mlp.fc1) is Linear
+        self._fast_attn = type(self.attn) is FastAttention
+        self._fast_mlp = type(self.mlp) is FastMlp
+
+    @property
+    def _norm1_feeds(self) -> bool:
+        """Whether norm1 may hand its output to attn in bfloat16 (attn's qkv would cast it so)."""
+        return self._fast_attn and self.attn._reads_through_linear
+
+    @property
+    def _norm2_feeds(self) -> bool:
+        return self._fast_mlp and self.mlp._reads_through_linear
 
     def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
         """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
@@ -179,7 +203,7 @@ def _dropping_path(drop_path: nn.Module) -> bool:
     return drop_path.training and getattr(drop_path, "p", 0.0) > 0
 
 
-class FastConvStem(ConvStem):
+class FastConvStem(_Settles, ConvStem):
     """The conv stem with each BatchNorm and the GELU after it in one kernel (fused_bn_gelu.py), and in
     training each conv's weight gradient from vitscope's kernel (fused_conv.py), in channels-last memory."""
 
@@ -197,7 +221,7 @@ class FastConvStem(ConvStem):
         return x
 
 
-class FastPatchEmbed(PatchEmbed):
+class FastPatchEmbed(_Settles, PatchEmbed):
     """Patch embedding with, in bfloat16, the stride-P conv run as the linear map of each flattened patch
     that it is (oneDNN's fused linear is 2-3x as fast as its conv, same weights); a conv stem runs in
     channels-last memory, which oneDNN's convs are faster in."""
@@ -226,18 +250,15 @@ class FastPatchEmbed(PatchEmbed):
         return rearrange(self.proj(x), "b d h w -> b (h w) d")
 
 
-class FastViT(VisionTransformer):
+class FastViT(_Settles, VisionTransformer):
     """The ViT whose loop over blocks chains each block's last residual add with the next one's norm1
     (FastBlock.forward_chained), and whose last block, where the head reads the class token alone,
     computes that one token's output (all tokens are still its keys and values): the same logits for
     1/8 fewer FLOPs at depth 6."""
 
-    def _settle(self) -> None:
-        self._chainable = all(type(b) is FastBlock for b in self.blocks)
-
     def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
         blocks = list(self.blocks)
-        chain = self._chainable and enabled() and x.is_cpu and not _hooked(*blocks)
+        chain = enabled() and x.is_cpu and all(type(b) is FastBlock for b in blocks) and not _hooked(*blocks)
         normed = None
         for i, block in enumerate(blocks):
             last = i == len(blocks) - 1
@@ -279,8 +300,9 @@ def swap_in(model: nn.Module) -> nn.Module:
     its children's final types) and return it."""
     for m in reversed(list(model.modules())):
         m.__class__ = SWAPS.get(type(m), type(m))
-        if type(m) in PLAIN and hasattr(m, "_settle"):  # settled again where applied twice
+        if isinstance(m, _Settles):  # settled again where applied twice
             m._settle()
+            m._settled = True
     return model
 
 
@@ -291,6 +313,7 @@ def swap_out(model: nn.Module) -> nn.Module:
         if plain is not None:
             if hasattr(m, "_unsettle"):
                 m._unsettle()
+            m.__dict__.pop("_settled", None)
             m.__class__ = plain
     return model
 
