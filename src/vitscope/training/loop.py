@@ -14,9 +14,9 @@ import json
 import math
 import signal
 import time
-from dataclasses import asdict, dataclass, field, replace
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -30,107 +30,22 @@ from vitscope.data.transforms import TrainTransform, eval_transform, tta_views
 from vitscope.kernels import allocator, bf16
 from vitscope.models import create_model
 from vitscope.training import distributed as D
-from vitscope.training.optim import OptimizerName, build_optimizer
-from vitscope.weights import pretrained
-from vitscope.weights.checkpoints import (
-    atomic_write,
-    load_training_state,
-    load_weights,
-    save_model,
-    save_training_state,
+from vitscope.training.checkpointing import (
+    LAST,
+    Checkpoint,
+    find_checkpoint,
+    link_last,
+    load_checkpoint,
+    load_weights_alone,
+    save_checkpoint,
 )
+from vitscope.training.config import TrainConfig
+from vitscope.training.optim import build_optimizer
+from vitscope.training.run_dir import RunLock, check_target, clean_stale, clear_run, cut_metrics
+from vitscope.weights import pretrained
+from vitscope.weights.checkpoints import atomic_write, save_model
 
-
-@dataclass
-class TrainConfig:
-    """A training run, resolved. Saved as config.json in the run directory."""
-
-    # Each field's help is its `vitscope train --help` line (HfArgumentParser reads the same metadata).
-    model: str = field(default="vit_fmnist_quick", metadata={"help": "a model preset (`vitscope models` lists them)"})
-    model_args: dict = field(default_factory=dict, metadata={"help": "ViTConfig overrides, e.g. {'depth': 8}"})
-    pretrained: bool = field(default=False, metadata={
-        "help": "start from timm's ImageNet weights for the model (the *_patch16_224 presets; downloaded "
-                "once, adapted to the data's classes, channels and size; vitscope.weights.pretrained)"})
-    dataset: str = field(default="fashion_mnist", metadata={
-        "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
-    data_dir: str | None = field(default=None, metadata={
-        "help": "where the dataset's files are; none: its usual places, downloading what is missing"})
-    image_size: int | None = field(default=None, metadata={
-        "help": "resize to this many pixels a side (image folders, Pets); none: the dataset's own size"})
-    eval_split: str = field(default="test", metadata={"help": "the split evaluated after each epoch"})
-    epochs: int = field(default=10, metadata={"help": "passes over the training split"})
-    batch_size: int = field(default=256, metadata={"help": "images a step, over all processes together"})
-    eval_batch_size: int = field(default=1000, metadata={"help": "images a forward when evaluating"})
-    optimizer: OptimizerName = field(default="adamw", metadata={
-        "help": "adamw, or muon: Muon on the hidden matrices and AdamW on the rest (optim.py)"})
-    lr: float = field(default=2e-3, metadata={"help": "the peak learning rate, reached at the warm-up's end"})
-    min_lr: float = field(default=1e-5, metadata={"help": "the learning rate the cosine decay ends at"})
-    weight_decay: float = field(default=0.05, metadata={"help": "decoupled weight decay, on weight matrices only"})
-    warmup_epochs: float = field(default=1.0, metadata={"help": "epochs of linear warm-up from 0 to --lr"})
-    label_smoothing: float = field(default=0.1, metadata={"help": "label smoothing of the targets, 0 for none"})
-    clip_grad: float | None = field(default=1.0, metadata={
-        "help": "clip the gradients' global norm to this; none: no clipping"})
-    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's betas"})
-    amp: Literal["auto", "bf16", "fp32"] = field(default="auto", metadata={
-        "help": "bf16: bfloat16 autocast; auto: bf16 where the device multiplies bfloat16 natively (CUDA GPUs "
-                "with bfloat16, AVX-512 CPUs), fp32 elsewhere (vitscope.kernels.bf16)"})
-    compile: bool = field(default=False, metadata={"help": "train through torch.compile"})
-    ema_decay: float | None = field(default=None, metadata={
-        "help": "evaluate a moving average of the weights with this decay, e.g. 0.999; none: off"})
-    eval_flip: bool = field(default=False, metadata={
-        "help": "evaluate each test image and its mirror image, logits averaged"})
-    final_eval_shift: int = field(default=0, metadata={
-        "help": "the final evaluation also averages each image moved this many pixels left, right, up and "
-                "down (with --eval-flip: 10 views); epochs stay cheap"})
-    augment: TrainTransform = field(default_factory=TrainTransform, metadata={
-        "help": "the training augmentation (the --aug-* flags)"})
-    seed: int = field(default=0, metadata={"help": "seeds the weights, the data order and every augmentation"})
-    device: str = field(default="auto", metadata={
-        "help": "auto (cuda if there is one, else cpu), cpu, cuda, cuda:1, ..."})
-    threads: int | None = field(default=None, metadata={"help": "CPU threads; none or 0: torch's default"})
-    # CPU runs: freed tensors stay in the process for the next step (vitscope.kernels.allocator). Measured in
-    # this loop: 2% more images/s and 3-5% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
-    # plain 28x28 ViT); so off unless asked for. eval/predict/explain always keep it (1.5x there).
-    keep_freed_memory: bool = field(default=False, metadata={
-        "help": "CPU: keep freed memory in the process for the next step (2% faster, ~50% more memory)"})
-    kernels: bool = field(default=True, metadata={
-        "help": "CPU: run vitscope's kernels (vitscope.kernels.apply); false: PyTorch's ops alone"})
-    explain_images: int = field(default=6, metadata={
-        "help": "test images put in the attention explorer at the end (0: no explorer)"})
-
-    def __post_init__(self):
-        if isinstance(self.augment, dict):
-            self.augment = TrainTransform(**_tuples(self.augment))
-        self.betas = tuple(self.betas)
-        if self.amp not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"amp must be 'auto', 'bf16' or 'fp32', got {self.amp!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.final_eval_shift < 0:
-            raise ValueError(f"final_eval_shift is a number of pixels, at least 0, got {self.final_eval_shift}")
-        if self.optimizer not in ("adamw", "muon"):
-            raise ValueError(f"optimizer must be 'adamw' or 'muon', got {self.optimizer!r}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if len(self.betas) != 2:
-            raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(self.betas)}: {self.betas}")
-        if self.threads is not None and self.threads < 0:
-            raise ValueError(f"threads is a number of CPU threads (0 or none: torch's default), got {self.threads}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown training config fields: {sorted(unknown)}")
-        return cls(**d)
-
-
-def _tuples(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+__all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -263,70 +178,173 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
         torch._foreach_lerp_(e, m, 1 - decay)
 
 
-# -- the loop ---------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = True,
-          max_steps: int | None = None) -> TrainResult:
-    """Train `cfg` into `run_dir`; with `resume`, continue from run_dir's last checkpoint.
+# -- the state that a checkpoint carries -------------------------------------------------------------
+@dataclass
+class Progress:
+    """Where a run is: what a checkpoint saves besides the weights and the optimizer (the data position is
+    the step: every epoch's order comes from (seed, epoch))."""
 
-    `max_steps` stops after that many optimizer steps in total (tests use it to interrupt a run).
-    """
-    run_dir = Path(run_dir)
-    device = pick_device(cfg.device)
-    info = D.setup(device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if device.type == "cpu" and cfg.keep_freed_memory:
-        allocator.keep_freed_memory()
+    step: int = 0
+    best_acc: float = 0.0
+    train_time_s: float = 0.0
+    seen: int = 0
+    # the running epoch's training loss and accuracy so far, so a resumed epoch reports the same numbers
+    epoch_loss_sum: float = 0.0
+    epoch_correct: int = 0
+    epoch_count: int = 0
 
+    def to_state(self) -> dict:
+        return {"step": self.step, "best_acc": self.best_acc, "train_time_s": self.train_time_s, "seen": self.seen,
+                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count]}
+
+    @classmethod
+    def from_state(cls, s: dict) -> Progress:
+        sums = s.get("epoch_sums", [0.0, 0, 0])  # runs saved before these were kept start the epoch's sums at 0
+        return cls(int(s["step"]), float(s["best_acc"]), float(s["train_time_s"]), int(s["seen"]),
+                   float(sums[0]), int(sums[1]), int(sums[2]))
+
+
+@dataclass
+class Setup:
+    """What a training needs besides its config: the data and the model, built before the run directory
+    is touched."""
+
+    train_set: ImageDataset
+    eval_set: ImageDataset
+    transform: TrainTransform
+    model: nn.Module
+    ema: nn.Module | None
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    bf16: bool
+
+
+def _setup(cfg: TrainConfig, device: torch.device, *, resume: bool) -> Setup:
     train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
     eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
     c, h, w = train_set.images.shape[1:]
     transform = cfg.augment.for_dataset(train_set)
     if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
         transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
-    num_classes = len(train_set.classes)
-
+    if len(train_set) < cfg.batch_size:
+        raise ValueError(f"batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} images)")
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, pretrained=cfg.pretrained and not resume,  # resumed: the run's own weights
-                         **{"num_classes": num_classes, "in_chans": c, "img_size": (h, w) if h != w else h,
-                            **cfg.model_args})
+                         **{"num_classes": len(train_set.classes), "in_chans": c,
+                            "img_size": (h, w) if h != w else h, **cfg.model_args})
     model.to(device)
     if cfg.kernels and device.type == "cpu":
         kernels.apply(model)
-    bf16 = use_bf16(cfg.amp, device)
     ema = copy.deepcopy(model).eval() if cfg.ema_decay else None
     for p in ema.parameters() if ema else []:
         p.requires_grad_(False)
     opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
                           device=device)
+    return Setup(train_set, eval_set, transform, model, ema, opt, device, use_bf16(cfg.amp, device))
 
+
+def _restore(cfg: TrainConfig, s: Setup, found: Checkpoint | None, gen: torch.Generator, run_dir: Path,
+             info: D.DistInfo) -> Progress:
+    """The run's progress after loading `found` into the model, optimizer and generators (a fresh start
+    without it). Weights alone (a state-less checkpoint) restart the optimizer and the generators at its step."""
+    if found is None:
+        torch.manual_seed(cfg.seed + 7919 * (info.rank + 1))  # dropout and drop-path differ per rank
+        return Progress()
+    if found.state is not None:
+        state = load_checkpoint(found, model=s.model, ema=s.ema, optimizer=s.optimizer, generator=gen)
+        return Progress.from_state(state)
+    load_weights_alone(found, model=s.model, ema=s.ema)
+    gen.manual_seed(cfg.seed * 1_000_003 + found.step)
+    torch.manual_seed(cfg.seed + found.step + 7919 * (info.rank + 1))
+    rows = [r for r in read_rows(run_dir / "metrics.jsonl") if r.get("step", 0) <= found.step]
+    return Progress(step=found.step, best_acc=max((r.get("test_acc", 0.0) for r in rows), default=0.0),
+                    train_time_s=rows[-1].get("train_time_s", 0.0) if rows else 0.0,
+                    seen=found.step * cfg.batch_size)
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return [r for r in rows if isinstance(r, dict)]
+
+
+# -- the loop ---------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+          weights_only: bool = False, progress: bool = True, max_steps: int | None = None) -> TrainResult:
+    """Train `cfg` into `run_dir`; with `resume`, continue from run_dir's checkpoint.
+
+    Nothing in `run_dir` changes until the data and the model are ready: a run that cannot start leaves it
+    as it was. A directory holding a run is refused unless `resume` (continue it, bit-identically) or
+    `overwrite` (replace it); `weights_only` resumes from the weights alone where the checkpoint is not one
+    unit. `max_steps` stops after that many optimizer steps in total (tests use it to interrupt a run).
+    """
+    run_dir = Path(run_dir)
+    cfg.validate()  # a dataclass can be changed after it was made
+    if weights_only and not resume:
+        raise ValueError("weights_only continues a run from its weights: use it with resume (--resume RUN_DIR)")
+    if resume and overwrite:
+        raise ValueError("--resume continues a run and --overwrite replaces it: choose one")
+    device = pick_device(cfg.device)
+    info = D.setup(device)
+    try:
+        with ExitStack() as held:
+            if info.is_main:
+                check_target(run_dir, resume=resume, overwrite=overwrite)
+                if resume:
+                    held.enter_context(RunLock(run_dir))
+            found = find_checkpoint(run_dir, weights_only=weights_only) if resume else None
+            if cfg.threads:
+                torch.set_num_threads(cfg.threads)
+            if device.type == "cpu" and cfg.keep_freed_memory:
+                allocator.keep_freed_memory()
+            s = _setup(cfg, device, resume=resume)
+            if cfg.batch_size % info.world_size:
+                raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {info.world_size} processes")
+            gen = torch.Generator().manual_seed(cfg.seed)
+            at = _restore(cfg, s, found, gen, run_dir, info)
+            if info.is_main:
+                _take(run_dir, held, cfg, found, overwrite)
+                if found is not None:
+                    print(f"resuming {run_dir} from {found.describe()}"
+                          + (": the weights alone, optimizer and random state afresh" if found.state is None else ""),
+                          flush=True)
+            return _run(cfg, s, at, gen, run_dir, info, found, progress=progress, max_steps=max_steps)
+    finally:
+        D.teardown(info)
+
+
+def _take(run_dir: Path, held: ExitStack, cfg: TrainConfig, found: Checkpoint | None, overwrite: bool) -> None:
+    """Make `run_dir` this training's, now that it can start: locked, tidied after a crash, and for a new run
+    holding its config (and no earlier run's files, with `overwrite`)."""
+    if found is not None:  # locked since the start
+        clean_stale(run_dir, keep_step=found.step)
+        cut_metrics(run_dir / "metrics.jsonl", found.step)
+        if found.state is not None and found.weights.name != LAST:
+            link_last(found)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    held.enter_context(RunLock(run_dir))
+    if overwrite:
+        clear_run(run_dir)
+    else:
+        check_target(run_dir, resume=False, overwrite=False)  # another training may have got there first
+    clean_stale(run_dir, keep_step=None)
+    atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2)))
+
+
+def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir: Path, info: D.DistInfo,
+         found: Checkpoint | None, *, progress: bool, max_steps: int | None) -> TrainResult:
+    model, ema, opt, device, transform = s.model, s.ema, s.optimizer, s.device, s.transform
+    train_set, eval_set = s.train_set, s.eval_set
+    num_classes = len(train_set.classes)
     steps_per_epoch = len(train_set) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} images)")
-    if cfg.batch_size % info.world_size:
-        raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {info.world_size} processes")
     total = steps_per_epoch * cfg.epochs
     warmup = max(1, int(cfg.warmup_epochs * steps_per_epoch))
     local = cfg.batch_size // info.world_size
-
-    gen = torch.Generator().manual_seed(cfg.seed)
-    step, best_acc, train_time, seen = 0, 0.0, 0.0, 0
-    if resume:
-        try:
-            state = load_training_state(run_dir / "last.state.pt")
-            load_weights(model, run_dir / "last.safetensors")
-            opt.load_state_dict(state["optimizer"])
-            gen.set_state(state["generator"])
-            torch.set_rng_state(state["torch_rng"])
-            step, best_acc, train_time, seen = state["step"], state["best_acc"], state["train_time_s"], state["seen"]
-            if ema is not None:
-                load_weights(ema, run_dir / "last.ema.safetensors")
-        except (OSError, ValueError, KeyError) as e:
-            what = f"{e.args[0]!r} is missing from its state" if isinstance(e, KeyError) else str(e)
-            raise ValueError(f"cannot resume {run_dir}: {what}. Its config can train again from the start: "
-                             f"vitscope train --config {run_dir / 'config.json'} --out NEW_DIR") from e
-    else:
-        torch.manual_seed(cfg.seed + 7919 * (info.rank + 1))  # dropout and drop-path differ per rank
 
     net = model
     if info.enabled:
@@ -334,24 +352,30 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
     if cfg.compile:
         net = torch.compile(net, options=compile_options(device))
 
+    meta = {"train_config": json.dumps(cfg.to_dict()), "classes": json.dumps(train_set.classes),
+            "mean": json.dumps(list(transform.mean)), "std": json.dumps(list(transform.std)),
+            "dataset": cfg.dataset}
+    last = found if found is not None and found.state is not None else None  # the checkpoint in force
+    last_save_t = time.monotonic()
+
     def save(tag: str = "last") -> None:
+        nonlocal last, last_save_t
         if not info.is_main:
             return
-        meta = {"train_config": json.dumps(cfg.to_dict()), "classes": json.dumps(train_set.classes),
-                "mean": json.dumps(list(transform.mean)), "std": json.dumps(list(transform.std)),
-                "dataset": cfg.dataset, "step": str(step)}
-        save_model(model, run_dir / f"{tag}.safetensors", metadata=meta)
-        if tag == "last":
-            if ema is not None:
-                save_model(ema, run_dir / "last.ema.safetensors", metadata=meta)
-            save_training_state(run_dir / "last.state.pt", {
-                "optimizer": opt.state_dict(), "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
-                "step": step, "best_acc": best_acc, "train_time_s": train_time, "seen": seen})
+        if tag == "best":
+            save_model(model, run_dir / "best.safetensors", metadata={**meta, "step": str(at.step)})
+            return
+        if last is not None and last.step == at.step:
+            return  # this step is saved already
+        state = {"optimizer": opt.state_dict(), "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                 **at.to_state()}
+        last = save_checkpoint(run_dir, at.step, model=model, ema=ema, state=state, metadata=meta, previous=last)
+        last_save_t = time.monotonic()
 
-    if info.is_main and not resume:  # made only now that the data and the model are there: a failed start leaves none
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2)))
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    def due() -> bool:
+        """A checkpoint inside the epoch, every --checkpoint-every-steps steps or minutes."""
+        n, minutes = cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes
+        return bool(n and at.step % n == 0) or bool(minutes and time.monotonic() - last_save_t >= 60 * minutes)
 
     def log(row: dict) -> None:
         if info.is_main:
@@ -360,36 +384,32 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
 
     stopped = "finished"
     end = total if max_steps is None else min(total, max_steps)
-    bar = tqdm(total=total, initial=step, disable=not (progress and info.is_main), unit="step",
+    bar = tqdm(total=total, initial=at.step, disable=not (progress and info.is_main), unit="step",
                dynamic_ncols=True, desc=f"train {cfg.model}")
     ev, ev_step = None, -1  # the latest evaluation and the step it was made at
     with _Stopper() as stopper:
-        while step < end:
-            epoch, first = divmod(step, steps_per_epoch)
+        while at.step < end:
+            epoch, first = divmod(at.step, steps_per_epoch)
             order = epoch_order(len(train_set), cfg.seed, epoch)
             model.train()
-            loss_sum, correct, count = 0.0, 0, 0
             t0 = time.perf_counter()
-            for s in range(first, steps_per_epoch):
-                if step >= end:
+            for i in range(first, steps_per_epoch):
+                if at.step >= end:
                     break
-                idx = order[s * cfg.batch_size : (s + 1) * cfg.batch_size]
+                idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
                 x = transform(train_set.images[idx], gen)  # (B, C, H, W) float, whole global batch
                 y = train_set.labels[idx]
                 x, target = transform.mix(x, y, num_classes, gen, smoothing=cfg.label_smoothing)
                 sl = slice(info.rank * local, (info.rank + 1) * local)
                 x, y, target = x[sl].to(device), y[sl].to(device), target[sl].to(device)
                 for g in opt.param_groups:
-                    g["lr"] = lr_at(step, total, warmup, cfg)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    g["lr"] = lr_at(at.step, total, warmup, cfg)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.bf16):
                     logits = net(x)
                 loss = soft_cross_entropy(logits, target)
                 if not torch.isfinite(loss):
                     bar.close()
-                    raise NonFiniteLoss(
-                        f"loss became {loss.item()} at step {step} (epoch {epoch}); the run stopped and "
-                        f"{run_dir / 'last.safetensors'} keeps the last good checkpoint. Lower --lr "
-                        f"(now {cfg.lr}), set --clip-grad, or try --amp fp32.")
+                    raise NonFiniteLoss(_non_finite(loss.item(), at.step, epoch, cfg, run_dir, last))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.clip_grad:
@@ -397,54 +417,71 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, progre
                 opt.step()
                 if ema is not None:
                     _ema_update(ema, model, cfg.ema_decay)
-                step += 1
-                loss_sum += loss.item() * len(y)
-                correct += int((logits.argmax(1) == y).sum())
-                count += len(y)
-                seen += len(y) * info.world_size
-                if s % 10 == 0 or s == steps_per_epoch - 1:
-                    el = train_time + time.perf_counter() - t0
-                    bar.set_postfix(epoch=epoch + 1, loss=f"{loss_sum / count:.3f}", acc=f"{correct / count:.3f}",
-                                    img_s=f"{seen / max(el, 1e-9):.0f}", refresh=False)
+                at.step += 1
+                at.epoch_loss_sum += loss.item() * len(y)
+                at.epoch_correct += int((logits.argmax(1) == y).sum())
+                at.epoch_count += len(y)
+                at.seen += len(y) * info.world_size
+                if i % 10 == 0 or i == steps_per_epoch - 1:
+                    el = at.train_time_s + time.perf_counter() - t0
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{at.epoch_loss_sum / at.epoch_count:.3f}",
+                                    acc=f"{at.epoch_correct / at.epoch_count:.3f}",
+                                    img_s=f"{at.seen / max(el, 1e-9):.0f}", refresh=False)
                 bar.update(1)
                 if D.any_flag(stopper.flag, info):
                     stopped = "signal"
                     break
-            train_time += time.perf_counter() - t0
-            epoch_done = step % steps_per_epoch == 0
-            if stopped == "signal" or not epoch_done:
+                if i < steps_per_epoch - 1 and at.step < end and due():
+                    at.train_time_s += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    save("last")
+            at.train_time_s += time.perf_counter() - t0
+            if at.step % steps_per_epoch:  # stopped inside the epoch (a signal, max_steps)
                 save("last")
                 break
             ev = evaluate(ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size,
-                          bf16=bf16, device=device, info=info, flip=cfg.eval_flip)
+                          bf16=s.bf16, device=device, info=info, flip=cfg.eval_flip)
             # The evaluation is not a step: without this the bar's first rate after it counted its seconds as
             # one step's (the quick preset's time left read 6 hours for a while); its clock shows training time.
             bar.unpause()
-            ev_step = step
-            row = {"epoch": epoch + 1, "step": step, "lr": lr_at(step - 1, total, warmup, cfg),
-                   "train_loss": loss_sum / max(count, 1), "train_acc": correct / max(count, 1),
-                   "test_loss": ev["loss"], "test_acc": ev["acc"], "train_time_s": round(train_time, 2),
-                   "images_per_s": round(seen / max(train_time, 1e-9), 1) if seen else None}
+            ev_step = at.step
+            count = max(at.epoch_count, 1)
+            row = {"epoch": epoch + 1, "step": at.step, "lr": lr_at(at.step - 1, total, warmup, cfg),
+                   "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
+                   "test_loss": ev["loss"], "test_acc": ev["acc"], "train_time_s": round(at.train_time_s, 2),
+                   "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None}
+            at.epoch_loss_sum, at.epoch_correct, at.epoch_count = 0.0, 0, 0
             log(row)
             if info.is_main:
                 bar.write(f"epoch {epoch + 1}/{cfg.epochs}  train loss {row['train_loss']:.4f}  "
-                          f"{cfg.eval_split} acc {100 * ev['acc']:.2f}%  ({train_time / 60:.1f} min)")
-            if ev["acc"] > best_acc:
-                best_acc = ev["acc"]
+                          f"{cfg.eval_split} acc {100 * ev['acc']:.2f}%  ({at.train_time_s / 60:.1f} min)")
+            if ev["acc"] > at.best_acc:
+                at.best_acc = ev["acc"]
                 save("best")
             save("last")
+            if stopped == "signal":
+                break
     bar.close()
 
     shift = cfg.final_eval_shift if stopped == "finished" else 0  # a stopped run leaves quickly
-    final = ev if ev_step == step and not shift else evaluate(
-        ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size, bf16=bf16,
+    final = ev if ev_step == at.step and not shift else evaluate(
+        ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size, bf16=s.bf16,
         device=device, info=info, flip=cfg.eval_flip, shift=shift)
-    result = TrainResult(run_dir, final["acc"], max(best_acc, final["acc"]), train_time,
-                         seen / max(train_time, 1e-9) if seen else 0.0, stopped)
-    if info.is_main and stopped == "finished" and step >= total:
+    result = TrainResult(run_dir, final["acc"], max(at.best_acc, final["acc"]), at.train_time_s,
+                         at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, stopped)
+    if info.is_main and stopped == "finished" and at.step >= total:
         _finish(run_dir, cfg, model, result, final, train_set, eval_set, transform)
-    D.teardown(info)
     return result
+
+
+def _non_finite(value: float, step: int, epoch: int, cfg: TrainConfig, run_dir: Path, last: Checkpoint | None) -> str:
+    again = (f"a lower --lr (now {cfg.lr}), --clip-grad or --amp fp32; --resume would meet the same loss, so train "
+             f"again: vitscope train --config {run_dir / 'config.json'} --lr LOWER")
+    if last is None:
+        return (f"loss became {value} at step {step} (epoch {epoch + 1}) before the run's first checkpoint, so "
+                f"nothing was kept. Try {again} --out {run_dir} --overwrite")
+    return (f"loss became {value} at step {step} (epoch {epoch + 1}); the run stopped, and {run_dir} keeps its last "
+            f"good checkpoint, {last.describe()}. Try {again} --out NEW_DIR")
 
 
 def _finish(run_dir: Path, cfg: TrainConfig, model: nn.Module, result: TrainResult, final: dict,

@@ -13,7 +13,10 @@ import math
 import os
 import pickle
 import re
+import struct
 import tempfile
+import warnings
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
@@ -103,10 +106,43 @@ def _load_checked(model: VisionTransformer, state_dict: StateDict, source: str) 
 
 
 def _damaged(path: PathLike, e: Exception) -> ValueError:
-    reason = str(e).split(". ")[0].rstrip(".")  # torch's reader adds a paragraph of guesses
+    kind = _sniff(path)
+    if kind is not None:
+        return ValueError(f"{path} is {kind}, not a checkpoint vitscope can read: give the .safetensors file a "
+                          f"run wrote (or a timm or transformers checkpoint)")
+    reason = str(e).split(". ")[0].rstrip(".") or type(e).__name__  # torch's reader adds a paragraph of guesses
     return ValueError(f"{path} cannot be read ({reason}): the file is cut short or damaged. vitscope writes each "
                       f"checkpoint whole, so it changed after it was saved (a copy or download that stopped?): "
                       f"copy it again, or use another checkpoint")
+
+
+# The first bytes of files that are often mistaken for a checkpoint.
+_MAGIC = [(b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+          (b"PK\x03\x04", "a zip archive (torch.save's format: load it with create_from_timm / load_weights)"),
+          (b"\x80", "a Python pickle")]
+
+
+def _sniff(path: PathLike) -> str | None:
+    """What a file that fails to load as a checkpoint is instead, where its first bytes say (else None:
+    it is a checkpoint cut short or damaged)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None
+    suffix = Path(path).suffix
+    for magic, kind in _MAGIC:
+        if head.startswith(magic) and not (suffix != ".safetensors" and magic in (b"PK\x03\x04", b"\x80")):
+            return kind
+    if suffix == ".safetensors" and len(head) >= 8:
+        n = int.from_bytes(head[:8], "little")
+        if head[8:9] != b"{" or n > 100_000_000:  # a safetensors file starts with its header's length, then JSON
+            try:
+                head.decode("utf-8")
+                return "a text file"
+            except UnicodeDecodeError:
+                return "not a safetensors file"
+    return None
 
 
 _SAFETENSORS_ERRORS = tuple(e for e in (getattr(safetensors, "SafetensorError", None), OSError) if e)
@@ -120,35 +156,63 @@ def _load_safetensors(path: PathLike) -> dict[str, Tensor]:
 
 
 def _read_tensors(path: PathLike) -> dict[str, Tensor]:
+    """A file's tensors by name: safetensors, or a torch.save'd state dict (also one nested under
+    'state_dict' or 'model', as training scripts save them)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a checkpoint file")
     if path.suffix == ".safetensors":
         return _load_safetensors(path)
-    return _torch_load(path)
+    obj = _torch_load(path)
+    if isinstance(obj, Mapping):
+        for key in ("state_dict", "model"):
+            if isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not obj or not all(
+            isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+        what = (f"a {type(obj).__name__}" if not isinstance(obj, Mapping) else
+                "an empty dict" if not obj else "a dict whose values are not all tensors")
+        raise ValueError(f"{path} holds {what}, not a state dict (tensor names to tensors): save the model's "
+                         f"state_dict(), or use vitscope.weights.checkpoints.save_model")
+    return dict(obj)
 
 
 def _torch_load(path: PathLike, map_location="cpu"):
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about old formats before failing on them
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower() and "unsupported global" not in str(e).lower():
+            raise _damaged(path, e) from None  # a pickle stream cut short
         raise ValueError(f"{path} holds Python objects other than tensors and plain containers; vitscope "
-                         f"does not unpickle code. Re-save it with tensors, numbers and strings only. ({e})"
+                         f"does not unpickle code. Re-save it with tensors, numbers and strings only."
                          ) from None
-    except (RuntimeError, EOFError) as e:  # torch's reader on a cut-short or damaged zip
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a folder, not a checkpoint file") from None
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError, AttributeError, TypeError,
+            UnicodeDecodeError, struct.error, zipfile.BadZipFile) as e:  # torch's reader on a cut-short or damaged file
         raise _damaged(path, e) from None
 
 
 # -- our format: safetensors + the ViTConfig in the metadata --------------------------------------
 def save_model(model: VisionTransformer, path: PathLike, *, metadata: dict | None = None) -> Path:
     """Write the weights as safetensors with the config (and any `metadata`, JSON-encoded) in the header."""
+    return atomic_write(path, model_file_writer(model, metadata))
+
+
+def model_file_writer(model: VisionTransformer, metadata: dict | None = None) -> Callable[[str], None]:
+    """A function writing `save_model`'s file to the path it is given (for `atomic_write`)."""
     header = {"format": "pt", "vitscope_format": FORMAT_VERSION, "config": json.dumps(model.config.to_dict())}
     for k, v in (metadata or {}).items():
         if k in header:
             raise ValueError(f"metadata key {k!r} is reserved by vitscope; pick another name")
         header[str(k)] = v if isinstance(v, str) else json.dumps(v)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=header))
+    return lambda tmp: save_file(tensors, tmp, metadata=header)
 
 
 def read_metadata(path: PathLike) -> dict[str, str]:
@@ -209,7 +273,7 @@ def save_training_state(path: PathLike, state: dict) -> Path:
 def load_training_state(path: PathLike, *, map_location: str | torch.device = "cpu") -> dict:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path} is missing (the optimizer, random state and data position that a "
-                                f"run saves beside last.safetensors)")
+                                f"run saves beside its weights)")
     return _torch_load(path, map_location)
 
 

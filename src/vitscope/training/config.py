@@ -1,0 +1,298 @@
+"""TrainConfig: a training run, resolved, and every check of it, made before any work starts.
+
+Each field is checked for its type (a config file or `--set` can hold anything JSON holds) and for
+the range it must lie in; the model fields (`model_args`, `--set`) for the ViTConfig field's type and
+range; and the image size against a rough estimate of a training step's memory. A mistake is a
+ValueError that names the field, the value and the range, so `vitscope train` can print it as one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import typing
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from vitscope.data.transforms import TrainTransform
+from vitscope.training.optim import OptimizerName
+
+# torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
+MAX_SEED = 2**32 - 1
+
+
+@dataclass
+class TrainConfig:
+    """A training run, resolved. Saved as config.json in the run directory."""
+
+    # Each field's help is its `vitscope train --help` line (HfArgumentParser reads the same metadata).
+    model: str = field(default="vit_fmnist_quick", metadata={"help": "a model preset (`vitscope models` lists them)"})
+    model_args: dict = field(default_factory=dict, metadata={"help": "ViTConfig overrides, e.g. {'depth': 8}"})
+    pretrained: bool = field(default=False, metadata={
+        "help": "start from timm's ImageNet weights for the model (the *_patch16_224 presets; downloaded "
+                "once, adapted to the data's classes, channels and size; vitscope.weights.pretrained)"})
+    dataset: str = field(default="fashion_mnist", metadata={
+        "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "where the dataset's files are; none: its usual places, downloading what is missing"})
+    image_size: int | None = field(default=None, metadata={
+        "help": "resize to this many pixels a side (image folders, Pets); none: the dataset's own size"})
+    eval_split: str = field(default="test", metadata={"help": "the split evaluated after each epoch"})
+    epochs: int = field(default=10, metadata={"help": "passes over the training split"})
+    batch_size: int = field(default=256, metadata={"help": "images a step, over all processes together"})
+    eval_batch_size: int = field(default=1000, metadata={"help": "images a forward when evaluating"})
+    optimizer: OptimizerName = field(default="adamw", metadata={
+        "help": "adamw, or muon: Muon on the hidden matrices and AdamW on the rest (optim.py)"})
+    lr: float = field(default=2e-3, metadata={"help": "the peak learning rate, reached at the warm-up's end"})
+    min_lr: float = field(default=1e-5, metadata={"help": "the learning rate the cosine decay ends at"})
+    weight_decay: float = field(default=0.05, metadata={"help": "decoupled weight decay, on weight matrices only"})
+    warmup_epochs: float = field(default=1.0, metadata={"help": "epochs of linear warm-up from 0 to --lr"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "label smoothing of the targets, 0 for none"})
+    clip_grad: float | None = field(default=1.0, metadata={
+        "help": "clip the gradients' global norm to this; none: no clipping"})
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's betas"})
+    amp: Literal["auto", "bf16", "fp32"] = field(default="auto", metadata={
+        "help": "bf16: bfloat16 autocast; auto: bf16 where the device multiplies bfloat16 natively (CUDA GPUs "
+                "with bfloat16, AVX-512 CPUs), fp32 elsewhere (vitscope.kernels.bf16)"})
+    compile: bool = field(default=False, metadata={"help": "train through torch.compile"})
+    ema_decay: float | None = field(default=None, metadata={
+        "help": "evaluate a moving average of the weights with this decay, e.g. 0.999; none: off"})
+    eval_flip: bool = field(default=False, metadata={
+        "help": "evaluate each test image and its mirror image, logits averaged"})
+    final_eval_shift: int = field(default=0, metadata={
+        "help": "the final evaluation also averages each image moved this many pixels left, right, up and "
+                "down (with --eval-flip: 10 views); epochs stay cheap"})
+    augment: TrainTransform = field(default_factory=TrainTransform, metadata={
+        "help": "the training augmentation (the --aug-* flags)"})
+    seed: int = field(default=0, metadata={"help": f"seeds the weights, the data order and every augmentation "
+                                                   f"(0 to {MAX_SEED})"})
+    device: str = field(default="auto", metadata={
+        "help": "auto (cuda if there is one, else cpu), cpu, cuda, cuda:1, ..."})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads; none or 0: torch's default"})
+    # CPU runs: freed tensors stay in the process for the next step (vitscope.kernels.allocator). Measured in
+    # this loop: 2% more images/s and 3-5% less wall time, for 53% more peak memory (1.27 -> 1.95 GB,
+    # plain 28x28 ViT); so off unless asked for. eval/predict/explain always keep it (1.5x there).
+    keep_freed_memory: bool = field(default=False, metadata={
+        "help": "CPU: keep freed memory in the process for the next step (2% faster, ~50% more memory)"})
+    kernels: bool = field(default=True, metadata={
+        "help": "CPU: run vitscope's kernels (vitscope.kernels.apply); false: PyTorch's ops alone"})
+    explain_images: int = field(default=6, metadata={
+        "help": "test images put in the attention explorer at the end (0: no explorer)"})
+    # Every epoch's end saves a checkpoint; long epochs on large data want them more often as well.
+    checkpoint_every_steps: int = field(default=0, metadata={
+        "help": "also save a checkpoint every this many steps (0: only at each epoch's end)"})
+    checkpoint_every_minutes: float = field(default=0.0, metadata={
+        "help": "also save a checkpoint when this many minutes of training passed since the last (0: off)"})
+
+    def __post_init__(self):
+        if isinstance(self.augment, dict):
+            try:
+                self.augment = TrainTransform(**_tuples(self.augment))
+            except TypeError as e:  # an unknown or missing augmentation field
+                known = ", ".join(TrainTransform.__dataclass_fields__)
+                raise ValueError(f"augment: {e}; its fields are {known}") from None
+        if isinstance(self.betas, list):
+            self.betas = tuple(self.betas)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ValueError naming the first field that is not of its type or not in its range."""
+        _check_types(self)
+        _check_ranges(self)
+        check_model(self)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"a training config is a JSON object of fields (like a run's config.json), "
+                             f"got {type(d).__name__} {d!r:.60}")
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown training config fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+def _tuples(d: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+# -- types --------------------------------------------------------------------------------------------
+def _type_ok(value, tp) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or (origin is not None and type(None) in args):
+        return any(_type_ok(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is Literal:
+        return value in args
+    if origin is tuple:
+        return isinstance(value, (tuple, list)) and len(value) == len(args) and all(
+            _type_ok(v, a) for v, a in zip(value, args))
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def _type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if type(None) in args:
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or none"
+    if origin is tuple:
+        return f"{len(args)} numbers"
+    return {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
+            dict: "an object of fields"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    hints = typing.get_type_hints(type(cfg))
+    for name in cfg.__dataclass_fields__:
+        value = getattr(cfg, name)
+        if not _type_ok(value, hints[name]):
+            raise ValueError(f"{name} must be {_type_name(hints[name])}, got {value!r}")
+    cfg.betas = tuple(cfg.betas)
+
+
+# -- ranges -------------------------------------------------------------------------------------------
+def _finite(name: str, value: float, *, low: float, high: float = math.inf, low_open: bool = False,
+            high_open: bool = False, unit: str = "") -> None:
+    bad = (not math.isfinite(value) or value < low or (low_open and value == low) or value > high
+           or (high_open and value == high))
+    if bad:
+        lo = f"{'(' if low_open else '['}{low:g}"
+        hi = f"{high:g}{')' if high_open else ']'}" if math.isfinite(high) else "inf)"
+        raise ValueError(f"{name} must be a finite number in {lo}, {hi}{unit}, got {value}")
+
+
+def _at_least(name: str, value: int, low: int, what: str = "") -> None:
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}{what}, got {value}")
+
+
+def _check_ranges(cfg: TrainConfig) -> None:
+    for name in ("epochs", "batch_size", "eval_batch_size"):
+        _at_least(name, getattr(cfg, name), 1)
+    _at_least("explain_images", cfg.explain_images, 0, " (0: no explorer)")
+    if cfg.final_eval_shift < 0:
+        raise ValueError(f"final_eval_shift is a number of pixels, at least 0, got {cfg.final_eval_shift}")
+    if cfg.threads is not None and cfg.threads < 0:
+        raise ValueError(f"threads is a number of CPU threads (0 or none: torch's default), got {cfg.threads}")
+    if cfg.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be 'adamw' or 'muon', got {cfg.optimizer!r}")
+    if cfg.amp not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"amp must be 'auto', 'bf16' or 'fp32', got {cfg.amp!r}")
+    _finite("lr", cfg.lr, low=0, low_open=True)
+    _finite("min_lr", cfg.min_lr, low=0, high=cfg.lr if math.isfinite(cfg.lr) else math.inf,
+            unit=" (at most lr)")
+    _finite("weight_decay", cfg.weight_decay, low=0)
+    _finite("warmup_epochs", cfg.warmup_epochs, low=0)
+    _finite("label_smoothing", cfg.label_smoothing, low=0, high=1, high_open=True)
+    if cfg.clip_grad is not None:
+        _finite("clip_grad", cfg.clip_grad, low=0, low_open=True, unit="; none turns clipping off")
+    if len(cfg.betas) != 2:
+        raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {cfg.betas}")
+    for i, b in enumerate(cfg.betas):
+        _finite(f"betas[{i}]", b, low=0, high=1, high_open=True)
+    if cfg.ema_decay is not None:
+        _finite("ema_decay", cfg.ema_decay, low=0, high=1, low_open=True, high_open=True, unit="; none: no EMA")
+    if not 0 <= cfg.seed <= MAX_SEED:
+        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
+    if cfg.image_size is not None:
+        _at_least("image_size", cfg.image_size, 1, " pixel")
+    _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
+    _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
+    from vitscope.data import list_datasets
+
+    if cfg.dataset not in list_datasets():
+        raise ValueError(f"unknown dataset {cfg.dataset!r}; choose one of {', '.join(list_datasets())}")
+
+
+# -- the model ----------------------------------------------------------------------------------------
+_POSITIVE_INTS = ("patch_size", "embed_dim", "depth", "num_heads", "in_chans")
+_PROBABILITIES = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+
+
+def check_model(cfg: TrainConfig) -> None:
+    """The preset exists, each `model_args` field is a ViTConfig field of its type and range, and a
+    training step at `image_size` fits in this machine's memory."""
+    from vitscope.models import get_config
+    from vitscope.vit import ViTConfig
+
+    base = get_config(cfg.model).to_dict()  # an unknown preset: its own message, with close names
+    known = set(ViTConfig.__dataclass_fields__)
+    unknown = sorted(set(cfg.model_args) - known)
+    if unknown:
+        raise ValueError(f"model_args: {', '.join(unknown)} not a model field; choose from {', '.join(sorted(known))}")
+    args = {**base, **cfg.model_args}
+    for name in _POSITIVE_INTS:
+        v = args[name]
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            why = " (a model with no blocks has nothing to train)" if name == "depth" else ""
+            raise ValueError(f"{name} must be at least 1{why}, got {v}")
+    for name in _PROBABILITIES:
+        v = args[name]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 <= v < 1:
+            raise ValueError(f"{name} is a probability in [0, 1), got {v}")
+    for name, low in (("mlp_ratio", 0.0), ("norm_eps", 0.0)):
+        v = args[name]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v > low):
+            raise ValueError(f"{name} must be a finite number above {low:g}, got {v}")
+    stem = args["stem"]
+    pair = (lambda s: isinstance(s, (list, tuple)) and len(s) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in s))
+    if not isinstance(stem, (list, tuple)) or not all(pair(s) for s in stem):
+        raise ValueError(f"stem is a list of [channels, stride] pairs of whole numbers >= 1, e.g. --set "
+                         f"stem=[[32,2],[64,2]] (or [] for none); got {stem!r}")
+    img = args["img_size"]
+    given_img = "img_size" in cfg.model_args
+    if isinstance(img, list):
+        img = tuple(img)
+    if given_img and not (isinstance(img, int) and not isinstance(img, bool) and img >= 1 or isinstance(img, tuple)
+                          and len(img) == 2 and all(isinstance(x, int) and x >= 1 for x in img)):
+        raise ValueError(f"img_size is a number of pixels or [height, width], got {img!r}")
+    # The data decides the image size unless img_size is given: check the rest with a size that fits.
+    patch = args["patch_size"] if isinstance(args["patch_size"], int) and args["patch_size"] >= 1 else 1
+    args["img_size"] = img if given_img else patch
+    ViTConfig.from_dict(args)  # types, choices and divisibility, with ViTConfig's own messages
+    side = (max(img) if isinstance(img, tuple) else img) if given_img else cfg.image_size
+    if side is not None:
+        _check_step_memory(cfg, args, side)
+
+
+def step_bytes(args: dict, side: int, batch: int) -> float:
+    """A rough upper estimate of one training step's activations for ViTConfig fields `args` at side x side
+    pixels: the stem's feature maps, and per block the attention scores and a dozen token-sized tensors."""
+    total = 0.0
+    stride = 1
+    for channels, s in args["stem"]:
+        stride *= s
+        total += 3 * channels * (side / stride) ** 2
+    tokens = (side / args["patch_size"]) ** 2 + 1
+    total += args["depth"] * (2 * args["num_heads"] * tokens**2 + 16 * tokens * args["embed_dim"])
+    return 4.0 * batch * total
+
+
+def _memory_bytes() -> float | None:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_step_memory(cfg: TrainConfig, args: dict, side: int) -> None:
+    need = step_bytes(args, side, cfg.batch_size)
+    have = _memory_bytes()
+    if have is not None and need > have:
+        raise ValueError(f"image_size {side}: a training step at {side}x{side} pixels with batch_size "
+                         f"{cfg.batch_size} needs about {need / 2**30:,.0f} GiB for its activations, and this "
+                         f"machine has {have / 2**30:,.0f} GiB; choose a smaller --image-size or --batch-size")
