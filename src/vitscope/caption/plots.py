@@ -77,7 +77,7 @@ def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tenso
     panels = 1 + len(labels)
     cols = min(columns, panels)
     rows = math.ceil(panels / cols)
-    fig = Figure(figsize=(2.1 * cols, 2.3 * rows + 0.4 * bool(references)), dpi=100)
+    fig = Figure(figsize=(2.1 * cols, 2.5 * rows + 0.5 + 0.3 * bool(references)), dpi=100)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes:
         ax.set_axis_off()

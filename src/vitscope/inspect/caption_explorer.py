@@ -126,8 +126,9 @@ PAGE = r"""<!DOCTYPE html>
   #caption button { font: inherit; border: 1px solid transparent; background: none; padding: 1px 3px; margin: 1px; cursor: pointer; border-radius: 4px; }
   #caption button:hover { border-color: #999; }
   #caption button.active { background: #333; color: #fff; }
-  #references { margin: 0; padding-left: 18px; max-width: 420px; }
-  #info { font-size: 12px; color: #444; max-width: 560px; }
+  .refs { max-width: 440px; }
+  #references { margin: 0; padding-left: 18px; }
+  #info { font-size: 12px; color: #444; max-width: 320px; }
   .muted { color: #777; font-size: 12px; }
 </style>
 </head>
@@ -146,7 +147,7 @@ PAGE = r"""<!DOCTYPE html>
     <canvas id="map" class="map"></canvas>
     <p id="info"></p>
   </div>
-  <div class="panel">
+  <div class="panel refs">
     <h2>Reference captions</h2>
     <ol id="references"></ol>
     <p class="muted">Click a word of the generated caption to see its attention. Colours run from 0 to
