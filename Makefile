@@ -8,11 +8,13 @@ run:
 test:
 	@./scripts/setup.sh test
 	.venv/bin/python -m pytest -q
+	@./scripts/test-every-isa.sh
 
 # The tests marked slow (the benchmark scripts' longer smoke runs); CI runs them after `make test`.
 test-slow:
 	@./scripts/setup.sh test
 	.venv/bin/python -m pytest -q -m slow
+	@./scripts/test-every-isa.sh -m slow
 
 lint:
 	.venv/bin/ruff check .

@@ -7,17 +7,9 @@ import json
 import pytest
 import torch
 
+from vitscope import kernels
 from vitscope.cli import bench, main
-from vitscope.kernels import (
-    fused_add_norm,
-    fused_bn_gelu,
-    fused_gelu,
-    fused_layer_norm,
-    fused_linear,
-    fused_mlp,
-    fused_residual,
-    short_attention,
-)
+from vitscope.kernels import fused_gelu
 
 SMALL = ["--set", "depth=1", "--batch", "2", "--rounds", "1", "--steps", "1"]
 
@@ -25,19 +17,22 @@ SMALL = ["--set", "depth=1", "--batch", "2", "--rounds", "1", "--steps", "1"]
 def test_prints_the_kernels_and_both_variants(capsys):
     assert main(["bench", *SMALL]) == 0
     out = capsys.readouterr().out
-    for part in ("vitscope's kernels here:", "attention, bfloat16", "train images/s", "infer images/s",
-                 "vitscope attend", "F.scaled_dot_product_attention", "explicit softmax", "GELU, float32 (erfc)",
-                 "linear products and MLP, float32"):
+    for part in ("vitscope's kernels here:", "attention, bfloat16 (amx)", "attention, float32 (avx2)",
+                 "gelu, float32 (avx2)", "linear, bfloat16 (oneDNN)", "train images/s", "infer images/s",
+                 "vitscope attend", "F.scaled_dot_product_attention", "explicit softmax"):
         assert part in out, part
 
 
-def test_float32_kernel_states_follow_the_kernels_checks():
-    from vitscope.kernels import linear_f32
-
-    gelu, linear = dict(bench.float32_kernel_states()).values()
-    assert gelu.startswith("on") == fused_gelu.fusable(torch.ones(2))
-    assert linear.startswith("on") == (linear_f32.usable() and fused_linear.float32_available())
-    assert all(s.startswith("on (avx2 build)") or s.startswith("off: ") for s in (gelu, linear))
+def test_kernel_states_are_the_registrys():
+    states = bench.kernel_states()
+    assert len(states) == len(kernels.KERNELS)
+    for (name, state), kernel in zip(states, kernels.KERNELS):
+        why = kernels.why_not(kernel)
+        assert state == ("on" if why is None else f"off: {why}"), name
+    gelu = next(k for k in kernels.KERNELS if k.name == "gelu" and k.isa == "avx2")
+    assert (kernels.why_not(gelu) is None) == fused_gelu.fusable(torch.ones(2))
+    with kernels.disabled():
+        assert all(state.startswith("off: turned off") for _, state in bench.kernel_states())
 
 
 def test_json_has_every_measurement(capsys):
@@ -50,20 +45,6 @@ def test_json_has_every_measurement(capsys):
     assert result["attention_shape"] == {"batch": 2, "heads": 4, "tokens": 50, "head_dim": 32}
     assert set(result["attention_ms"]["forward+backward"]) == {"vitscope attend", "F.scaled_dot_product_attention",
                                                                "explicit softmax"}
-
-
-def test_pytorch_ops_switches_every_part_off_and_back():
-    owners = (short_attention, fused_mlp, fused_layer_norm, fused_residual, fused_add_norm, fused_gelu, fused_bn_gelu,
-              fused_linear, fused_linear)
-    before = [o.__dict__[n] for o, n in bench.SWITCHES]
-    assert [o for o, _ in bench.SWITCHES] == list(owners)
-    q = torch.randn(1, 2, 5, 32)
-    with bench.pytorch_ops():
-        assert not short_attention.usable(q, q, q)
-        assert not fused_linear.fusable(q, torch.randn(4, 32))
-        assert not fused_gelu.fusable(q.to(torch.bfloat16)) and not fused_gelu.fusable(q)
-        assert not fused_linear.float32_fusable(q, torch.randn(4, 32))
-    assert [o.__dict__[n] for o, n in bench.SWITCHES] == before
 
 
 @pytest.mark.parametrize("args,message", [(["--model", "vit_nope"], "unknown model"),

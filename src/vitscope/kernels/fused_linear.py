@@ -83,7 +83,7 @@ def _cpu_onednn(x: Tensor, weight: Tensor) -> bool:
     """CPU tensors in the strided layout, x with rows, and oneDNN not switched off by the user
     (torch.backends.mkldnn.flags)."""
     return (x.device.type == "cpu" and weight.device.type == "cpu" and x.layout == torch.strided and x.dim() >= 2
-            and torch.backends.mkldnn.enabled)
+            and x.shape[-1] == weight.shape[-1] and torch.backends.mkldnn.enabled)  # else F.linear's own message
 
 
 def bfloat16_inputs(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:

@@ -93,13 +93,17 @@ def _cpuinfo(field: str) -> str:
 def isa_cap() -> str | None:
     """The highest instruction set `VITSCOPE_ISA` lets the kernels use (a key of ISAS), or None for no cap.
 
-    Capping lets an AVX-512 or AMX machine run, and so test, the kernels written for a smaller set."""
+    Capping lets an AVX-512 or AMX machine run, and so test, the kernels written for a smaller set. A value
+    that names no set caps nothing here; `why_not()` then says the kernels are off and why."""
     cap = os.environ.get("VITSCOPE_ISA", "").strip().lower()
-    if not cap:
-        return None
-    if cap not in ISAS:
-        raise ValueError(f"VITSCOPE_ISA={cap!r}: expected one of {', '.join(ISAS)} (or unset)")
-    return cap
+    return cap if cap in ISAS else None
+
+
+def _bad_cap() -> str | None:
+    cap = os.environ.get("VITSCOPE_ISA", "").strip()
+    if cap and cap.lower() not in ISAS:
+        return f"VITSCOPE_ISA={cap!r} names no instruction set: use one of {', '.join(ISAS)}, or unset it"
+    return None
 
 
 def cpu_features() -> set[str]:
@@ -201,6 +205,9 @@ def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Pat
 
 
 def _lacking(isa: str) -> str | None:
+    cap = isa_cap()
+    if cap is not None and list(ISAS).index(isa) > list(ISAS).index(cap):
+        return f"capped at {cap} by VITSCOPE_ISA"
     missing = [f for f in ISAS[isa][1] if f not in cpu_features()]
     return f"this CPU lacks {', '.join(missing)}" if missing else None
 
@@ -208,6 +215,8 @@ def _lacking(isa: str) -> str | None:
 def _unavailable() -> str | None:
     if os.environ.get("VITSCOPE_NATIVE", "1").strip().lower() in ("0", "no", "off", "false"):
         return "switched off by VITSCOPE_NATIVE=0"
+    if _bad_cap():
+        return _bad_cap()
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels are for Linux on x86-64, not {platform.system()} on {platform.machine()}"
     lacking = _lacking("avx2")

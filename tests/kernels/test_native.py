@@ -124,7 +124,7 @@ def test_every_kernel_source_and_header_ships_in_the_package():
 
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vitscope"]
     folder = root / "src" / "vitscope" / "kernels" / "native"
     needed = [p.name for p in folder.iterdir() if p.suffix in {".c", ".h"}]
