@@ -20,12 +20,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 # At or below this many keys, half-precision training runs the explicit path: PyTorch's fused CPU
-# kernel is slower backwards in bfloat16 at ViT-sized sequences. Measured (bench_attention.py's
-# crossover, forward+backward, bfloat16, explicit/fused time, on a Xeon with AMX, with the weights
-# kept in bfloat16): 0.11 at N=65, 0.57 at 197, 0.79 at 257, 0.97 at 513, 2.0 at 769 with glibc's
-# default allocator (what training runs on); with freed memory kept in the process
-# (vitscope/kernels/allocator.py) 0.12, 0.35, 0.42, 0.56, 0.76 and 0.93 at 1025. Above it the fused kernel
-# runs, so the Nq x Nk matrix is never materialised.
+# kernel is slower backwards in bfloat16 at ViT-sized sequences (bench_attention.py's crossover table;
+# docs/performance.md). Above it the fused kernel runs, so the Nq x Nk matrix is never materialised.
 EXPLICIT_HALF_MAX_KEYS = 512
 
 

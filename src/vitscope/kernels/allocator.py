@@ -7,15 +7,10 @@ time, so the kernel may hand out fresh zeroed pages again and again, one page fa
 Raising both thresholds makes freed blocks stay in the heap for the next forward to reuse; the cost
 is memory that stays with the process until it exits.
 
-What it buys depends on the loop (benchmarks/RESULTS.md, session 18):
-- evaluation and inference gain most, since a forward allocates as much as a training step's and
-  computes less: `vitscope eval` ran 1.5x as fast (12-20% more peak memory), the 28x28 ViT's
-  forwards 1.4-1.8x and ViT-S/16's 1.2-1.3x (benchmarks/bench_vit.py --malloc default against kept);
-- a bare loop of training steps (benchmarks/ab_allocator.py) faulted 51,000 times a step on the
-  28x28 ViT (width 128, depth 6, batch 256): kept memory ran it 1.17x as fast, the quick preset 1.08x;
-- `vitscope train`'s own loop faults half as often (glibc raises its threshold after freeing larger
-  blocks): 2% more images/s and 3-5% less wall time, for 53% more peak memory. So training keeps
-  it only when the run sets `keep_freed_memory`.
+Evaluation and inference gain most, since a forward allocates as much as a training step's and
+computes less. `vitscope train`'s own loop faults half as often (glibc raises its threshold after
+freeing larger blocks), so there the gain is small against the memory kept, and training keeps it only
+when the run sets `keep_freed_memory`. Measurements: docs/performance.md, "Freed memory kept in the process".
 
 This is process-wide and has no undo; `vitscope eval | predict | explain` call it, and so does
 `vitscope train --keep-freed-memory true`. Other allocators (jemalloc or tcmalloc through

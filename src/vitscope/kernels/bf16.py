@@ -3,9 +3,8 @@
 On CUDA GPUs with bfloat16 support, and on CPUs where oneDNN runs bfloat16 (AVX-512 CPUs, fastest
 with AVX512-BF16 or AMX), a bfloat16 matmul is as fast as a float32 one or faster. On other CPUs
 (AVX2 only: AMD before Zen 4, most Intel desktop and laptop parts) PyTorch falls back to a generic
-loop: measured on a 2-core Zen 3 EPYC, a 128-row bfloat16 product ran at 7-15 GFLOP/s against
-45-94 in float32, and a 2048² one at 0.3 GFLOP/s (benchmarks/RESULTS.md). There, training stays in
-float32 and code that needs bfloat16 results computes them in float32 and rounds.
+loop, several times slower than float32 (docs/performance.md, "CPUs without AVX-512"). There, training
+stays in float32 and code that needs bfloat16 results computes them in float32 and rounds.
 """
 
 from __future__ import annotations

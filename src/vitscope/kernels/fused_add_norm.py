@@ -7,12 +7,12 @@ and read back; here each row is added, written and normalised while it is in cac
 value and LayerNorm reads it. The backward is LayerNorm's with the sum's own gradient added in the same
 pass, which also writes the branch's gradient: the same values rounded to bfloat16 (add's backward).
 
-vit.Block uses it for its first residual with norm2 and, in a model's loop over blocks nothing hooks,
-for its second residual with the next block's norm1, where both halves would run vitscope's kernels:
-the residual's branch has no LayerScale or stochastic depth, the norm and the linear layer reading it
-are not hooked (nothing could see the LayerNorm's float32 output go missing), a float32 stream, under
-the conditions of the two kernels. In inference the second sum goes into the first, in place.
-Double backward is not supported (it raises).
+The fast block (kernels/modules.py, FastBlock) uses it for its first residual with norm2 and, in a model's
+loop over blocks nothing hooks, for its second residual with the next block's norm1, where both halves
+would run vitscope's kernels: the residual's branch has no LayerScale or stochastic depth, the norm and
+the linear layer reading it are not hooked (nothing could see the LayerNorm's float32 output go missing),
+a float32 stream, under the conditions of the two kernels. In inference the second sum goes into the
+first, in place. Double backward is not supported (it raises).
 """
 
 from __future__ import annotations

@@ -9,13 +9,10 @@ two passes over the input and one more pass normalises, rounds to bfloat16 as Ba
 be, and looks GELU and its derivative up in vitscope's table (fused_gelu.py); the backward takes the
 BatchNorm gradient's two sums and then the input gradient, with GELU's multiply inside both. So the
 step keeps the conv's output and GELU's derivative, as the two modules keep the conv's output and
-BatchNorm's, and no BatchNorm output or GELU input gradient is written at all. On a Zen 4 EPYC (2
-threads, `vit_fmnist_quick`, batch 128) BatchNorm took 8.3 ms of the stem's 59 ms forward and
-backward; the pair in these kernels made the step 1.03x as fast, and inference too, against the
-BatchNorm module and the GELU table (benchmarks/ab_kernels.py --part bn-gelu). In float32 the same passes
+BatchNorm's, and no BatchNorm output or GELU input gradient is written at all. In float32 the same passes
 run with native/gelu_f32_avx2.c's exact GELU, its value and derivative from one evaluation of erfc (no
-rounding between BatchNorm and GELU there, as there is none in PyTorch's float32 ops); on a 2-core Zen 3
-EPYC (`vit_fmnist_quick`, batch 128, float32) see benchmarks/RESULTS.md, "session 35".
+rounding between BatchNorm and GELU there, as there is none in PyTorch's float32 ops). Measurements:
+docs/performance.md, "The conv stem".
 
 Training mode uses the batch's statistics and updates the running ones as nn.BatchNorm2d does (the
 momentum, or the cumulative average where it is None, the unbiased variance, num_batches_tracked);

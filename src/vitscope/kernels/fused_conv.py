@@ -5,17 +5,13 @@ the input's gradient alone); the weight's gradient gᵀ X (X the im2col matrix, 
 vitscope's, in one of two kernels:
 
 - bfloat16 (native/conv_weight_grad.c, AVX512-BF16): packs each chunk of the im2col rows straight from
-  the channels-last input, float32 sums per thread, rounded once. On a Zen 4 EPYC without AMX (2 threads,
-  batch 128) oneDNN took the quick preset's stem convs' weight gradients at 95-340 GFLOP/s alone (its
-  stride-2 ones at one of two speeds per process, 4 or 8.5 ms for the same call), the kernel at 330-390;
-  the training step ran 1.03x as fast with it where oneDNN was at its fast speed and 1.11x where it was
-  not (benchmarks/ab_conv_weight_grad.py; RESULTS.md, session 29).
+  the channels-last input, float32 sums per thread, rounded once; oneDNN's bfloat16 weight gradients of
+  the stem's small convs run well below its matmul speed, and at an uneven one.
 - float32 (native/conv_weight_grad_f32_avx2.c, AVX2 and FMA, for the CPUs where vitscope's float32 linear
   products run: `fused_linear.float32_available`): reads each tap's channels in place through a list of
-  the pixels inside the image, float32 sums. On a 2-core Zen 3 EPYC (batch 128) oneDNN's float32 weight
-  gradients of the quick preset's four 3x3 stem convs ran at 60-104 GFLOP/s, the kernel's at 86-152
-  (1.48x together, 1.52x in another run; the step 1.04-1.08x; benchmarks/ab_conv_weight_grad.py --dtype
-  float32, RESULTS.md "session 35").
+  the pixels inside the image, float32 sums.
+
+Measurements: docs/performance.md, "The conv stem".
 
 `fusable` says where it runs: a plain `nn.Conv2d` (one group, no dilation, zero padding the same on
 every side, the same stride both ways, no bias) whose weight wants a gradient, outside torch.compile,

@@ -8,21 +8,18 @@ the pass writes GELU's output and its derivative, the derivative is kept instead
 the backward is one multiply, where PyTorch's GELU backward computes erf and exp again.
 
 Three places use it:
-- the conv stem's activation (`GELU`, which vit.ConvStem builds) where its BatchNorm and GELU do not
-  run as one kernel (fused_bn_gelu.py, which reads the same table): under bfloat16 autocast
-  BatchNorm hands GELU a bfloat16 tensor. On a Zen 4 EPYC, 2 threads, the quick preset's five stem
-  GELUs (batch 128) took 3.5 ms forward and 5.0 backward with PyTorch's ops and 1.2 and 0.7 here
-  (1.05x the training step, 1.10x inference: benchmarks/ab_kernels.py --part gelu);
+- the conv stem's activation (the `nn.GELU` that `apply` swaps for `GELU`) where its BatchNorm and GELU
+  do not run as one kernel (fused_bn_gelu.py, which reads the same table): under bfloat16 autocast
+  BatchNorm hands GELU a bfloat16 tensor;
 - the bfloat16 training MLP (fused_mlp.py), whose fc2 backward multiplies by the kept derivative
   inside oneDNN's matmul;
 - inference's GELU after fc1 (fused_linear.py), in place.
 
 In float32, on CPUs with AVX2 and no AVX-512, native/gelu_f32_avx2.c evaluates the exact GELU from erfc
 (as accurate as PyTorch's float32 kernels, and more so for negative inputs) and its backward recomputes the
-derivative from the input, as PyTorch's does. On a 2-core Zen 3 EPYC at (12800, 512): 3.8-4.2 ms forward
-against PyTorch's 4.2-5.5, 4.6-4.9 backward against 7.8-9.5 (benchmarks/ab_float32_ops.py); training steps
-1.01-1.02x (ab_kernels.py --dtype float32 --part gelu). Where AVX-512 runs PyTorch's 16-wide kernels, float32
-keeps F.gelu (not measured against them). The stem's GELUs and the MLP's (vit.Mlp) use it.
+derivative from the input, as PyTorch's does. Where AVX-512 runs PyTorch's 16-wide kernels, float32 keeps
+F.gelu (not measured against them). The stem's GELUs and the MLP's use it. Measurements: docs/performance.md,
+"GELU".
 
 It runs on CPU tensors laid out densely (contiguous, or channels-last), where vitscope's kernels run
 (`native.runnable`: not while torch.compile traces, which keeps F.gelu for Inductor to fuse, nor under

@@ -10,14 +10,14 @@ PyTorch's float32 output up to float32 summation order.
 A residual stream that autocast leaves in bfloat16 (a model whose position table is cast to the
 activations' dtype, such as vit_fmnist_quick's sin-cos table) takes the same kernels reading bfloat16
 and writing a bfloat16 input gradient, as PyTorch's bfloat16 LayerNorm gives, but with the weight and
-bias gradients summed in float32 (PyTorch's were 2% of their size off float64 in the test): on a Zen 4
-EPYC, vit_fmnist_quick's step 1.01x as fast (benchmarks/ab_kernels.py --part layernorm).
+bias gradients summed in float32 (PyTorch's were 2% of their size off float64 in the test).
+Measurements: docs/performance.md, "LayerNorm, the residual add, and both in one pass".
 
-vit.Block uses it for norm1 and norm2 where the consumer is vitscope's own attention or MLP, which
-would cast the input to bfloat16 anyway: under CPU bfloat16 autocast, float32 or bfloat16 input, an affine
-LayerNorm over the last dim, nothing hooked on the norm or its consumer, outside torch.compile,
-tracing, forward-mode AD and torch.func, and where vitscope's kernels load. Double backward is not
-supported (it raises).
+The fast block (kernels/modules.py) uses it for norm1 and norm2 where the consumer is vitscope's own
+attention or MLP, which would cast the input to bfloat16 anyway: under CPU bfloat16 autocast, float32 or
+bfloat16 input, an affine LayerNorm over the last dim, nothing hooked on the norm or its consumer, outside
+torch.compile, tracing, forward-mode AD and torch.func, and where vitscope's kernels load. Double backward
+is not supported (it raises).
 """
 
 from __future__ import annotations

@@ -16,19 +16,14 @@ float32 sums where `weight_and_bias_grad` runs vitscope's kernel); the GELU then
 a separate op, since its backward needs fc1's output before it. Calls that forward-mode AD or
 torch.func transform keep `F.linear`. The kernel runs on CPU tensors, in bfloat16 (under CPU
 autocast, or with bfloat16 input and weights), and never while torch.compile or torch.jit.trace
-records a graph. In float32 it measured no faster on a Xeon with AMX (where torch's float32 matmul is
-MKL's, tuned for it), but on AMD CPUs without AVX-512 MKL takes a generic path and oneDNN's float32 linear
-is faster forward and for the input gradient (`float32_fusable`, below); there vitscope's own AVX2 kernel
+records a graph. In float32 it is no faster where torch's float32 matmul is MKL's tuned path (a Xeon
+with AMX), but on AMD CPUs without AVX-512 MKL takes a generic path and oneDNN's float32 linear is faster
+forward and for the input gradient (`float32_fusable`, below); there vitscope's own AVX2 kernel
 (linear_f32.py) takes all three products, the weight and bias gradients too, where it runs. On CPUs with
 AVX512-BF16 and no AMX, vitscope's own product kernel (linear_kernel.py) takes the forward, the GELU
 and the input gradient in place of oneDNN's where it runs (`product`, `input_grad`).
 
-Measured on a Xeon with AMX, 2 threads, input (12800, 128) (bench_vit.py's Fashion-MNIST shape):
-128 -> 512 took 0.67 ms against nn.Linear's 0.91, and with the GELU 1.69 against 2.08. Whole bfloat16
-inference forwards (benchmarks/ab_fused_linear.py, with the patch embedding run as a linear too):
-1.16x on that shape, 1.20x on ViT-S/16, 1.05x on the vit_fmnist_quick preset; training steps
-(`--training`): 1.04x on that shape, 0.99x (within noise) on the quick preset, whose linears have half
-the rows and whose conv stem keeps the patch conv.
+Measurements: docs/performance.md, "Linear layers in bfloat16".
 """
 
 from __future__ import annotations
@@ -53,12 +48,10 @@ def available() -> bool:
 @functools.cache
 def float32_available() -> bool:
     """True where float32 linear layers run faster through oneDNN than through torch's default (MKL's sgemm):
-    AMD CPUs with AVX2 and no AVX-512 (Zen 2 and Zen 3). Measured on a 2-core Zen 3 EPYC at the plain 28x28
-    ViT's four shapes (M = 12800; benchmarks/ab_float32_ops.py, two runs): x Wᵀ + b 0.98-1.35x MKL's, the
-    input gradient g W 0.99-1.41x; the weight gradient gᵀ x stays MKL's (oneDNN's took 1.1-2.2x as long).
-    Training steps 1.07x (plain ViT) and 1.04x (quick preset), inference 1.13x (ab_fused_linear.py --dtype
-    float32). Other CPUs keep F.linear: on a Xeon with AMX oneDNN measured no faster, and Intel's AVX2
-    parts and AMD's AVX-512 ones have not been measured."""
+    AMD CPUs with AVX2 and no AVX-512 (Zen 2 and Zen 3), where MKL takes a generic path; the weight gradient
+    gᵀ x stays out of it (oneDNN's is slower there). Other CPUs keep F.linear: on a Xeon with AMX oneDNN
+    measured no faster, and Intel's AVX2 parts and AMD's AVX-512 ones have not been measured
+    (docs/performance.md, "Linear layers in float32 on AMD CPUs without AVX-512")."""
 
     if _KERNEL is None or not torch.backends.mkldnn.is_available():
         return False
@@ -139,13 +132,10 @@ def weight_grad(g: Tensor, x: Tensor) -> Tensor:
 
     For small bfloat16 outputs (out·in up to 65536, the 28×28 ViTs' layers) where vitscope's kernels
     run on a CPU without AMX, native/weight_grad.c: float32 sums per thread over its share of the rows,
-    rounded once; 1.09x oneDNN's product over the plain 28×28 ViT's four shapes at M = 12800 on a Zen 4
-    EPYC (benchmarks/ab_weight_grad.py).
-    Otherwise oneDNN's matmul, which reads both operands transposed at a speed that depends on the
-    output's shape: measured on a Xeon with AMX at M = 6304, (out, in) = (384, 1536) took 6.4 ms as
-    gᵀ x but 4.6 as (xᵀ g)ᵀ made contiguous, while (1536, 384) took 4.2 against 6.7. So the product
-    is taken with the narrower output: xᵀ g, transposed back, when in > out (no difference at the
-    plain 28×28 ViT's shapes)."""
+    rounded once. Otherwise oneDNN's matmul, which reads both operands transposed at a speed that depends
+    on the output's shape, so the product is taken with the narrower output: xᵀ g, transposed back, when
+    in > out (docs/performance.md, "Linear layers in bfloat16" and "Small linear layers' weight
+    gradients")."""
     return weight_and_bias_grad(g, x, bias=False)[0]
 
 
@@ -157,7 +147,7 @@ def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool,
     sums g's columns from the chunks it packs, in float32 and then float64 (g.sum(0): a pass of its own,
     0.3-0.75 ms at 12800 x 512)."""
     if not weight:
-        return None, (g.sum(0) if bias else None)# here: it imports native, which imports this module
+        return None, (g.sum(0) if bias else None)
 
     if g.dtype == torch.float32 and float32_available() and linear_f32.weight_grad_runnable(g, x):
         return linear_f32.weight_and_bias_grad(g, x, bias)
@@ -334,11 +324,9 @@ def linear_float32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Ten
 
 def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """gelu(x Wᵀ + b) in inference. Where vitscope's kernels run, the matmul writes x Wᵀ + b and a pass
-    looks GELU up per bfloat16 value in a table of the float64 results, rounded (native/gelu.c). On a
-    Zen 4 EPYC that is 1.03x the plain 28x28 ViT's bfloat16 inference forward, 1.01x vit_fmnist_quick's
-    and 1.00-1.02x ViT-S/16's (benchmarks/ab_fused_linear.py --gelu) against oneDNN's erf GELU in the
-    matmul's epilogue, which took 1.4 of fc1's 5.5 ms at 12800 x 128 -> 512 (the pass: 0.7). Elsewhere
-    the epilogue, which applies GELU to the float32 sum before rounding."""
+    looks GELU up per bfloat16 value in a table of the float64 results, rounded (native/gelu.c): faster
+    than oneDNN's erf GELU in the matmul's epilogue (docs/performance.md, "Linear layers in bfloat16").
+    Elsewhere the epilogue, which applies GELU to the float32 sum before rounding."""
 
     x2 = _rows(x)
     if linear_kernel.runnable(x2, weight, bias):

@@ -6,20 +6,19 @@ each way. Here the forward runs fc1 in oneDNN's linear (bias in the matmul), the
 table (fused_gelu.py), which writes h = gelu(a) and d = gelu'(a) in one pass, then fc2. The backward gets
 a's gradient as (g W2) ∘ d straight out of oneDNN's matmul with a multiply in its epilogue
 (`_linear_pointwise.binary`), then the weight, bias and input gradients as addmm's backward computes
-them. So the step keeps h and d and not a, and skips the separate GELU backward: on a Xeon with AMX
-the hidden layer's GELU forward and backward took 1.5 + 1.1 ms against 1.1 + 2.9 (12800 × 512).
-Where vitscope's product kernel runs (linear_kernel.py: AVX512-BF16, no AMX), it takes fc1 with the
+them. So the step keeps h and d and not a, and skips the separate GELU backward (docs/performance.md,
+"The training MLP"). Where vitscope's product kernel runs (linear_kernel.py: AVX512-BF16, no AMX), it takes fc1 with the
 GELU lookup in its own pass, fc2, and both backward products, the multiply by d in its epilogue.
 
 On fused_linear's float32 path (AMD CPUs with AVX2 and no AVX-512) the same MLP runs in float32 on
 vitscope's float32 product kernel (linear_f32.py): fc1's product writes gelu(a) and gelu'(a) from its own
 pass (exact GELU from erfc, as fused_gelu's float32 kernel), fc2's backward product multiplies by gelu'(a)
-before storing; the plain 28x28 ViT's training step 1.02x (ab_kernels.py --dtype float32 --part mlp).
+before storing.
 
 It runs where `fusable` says: CPU, bfloat16 (autocast or bfloat16 tensors) with oneDNN's bfloat16 linear
 and vitscope's kernels available, or that float32 path; autograd recording, outside tracing, forward-mode
 AD and torch.func; under torch.compile as the custom op `vitscope::mlp_bf16` (or `vitscope::mlp_f32`), which
-the graph keeps. Double backward is not supported (it raises). Elsewhere vit.Mlp keeps its modules.
+the graph keeps. Double backward is not supported (it raises). Elsewhere the MLP keeps its modules.
 """
 
 from __future__ import annotations
@@ -138,10 +137,8 @@ class _Mlp(torch.autograd.Function):
 
 # The same as torch.library custom ops, which a torch.compile graph keeps whole: under compile the
 # graph then runs oneDNN's fused linears, the C GELU pass and the multiply in fc2's backward as the
-# eager step does (Inductor's own lowering of this MLP measured 1.09x slower on the EPYC); in float32
-# (`vitscope::mlp_f32`) the float32 products with their GELU epilogues, as eager (Inductor's lowering
-# of the float32 MLP is MKL's generic matmuls and its own GELU kernels; see benchmarks/RESULTS.md,
-# "session 35").
+# eager step does; in float32 (`vitscope::mlp_f32`) the float32 products with their GELU epilogues, as
+# eager. Inductor's own lowering of this MLP is slower in both (docs/performance.md, "The training MLP").
 def _op_impl(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     y, h, d = _forward(x, w1, b1, w2, b2)
     return y.clone() if y._base is not None else y, h, d  # an op's outputs may not be views of each other

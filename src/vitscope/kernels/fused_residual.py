@@ -3,7 +3,8 @@
 `x + y` with x float32 and y bfloat16 makes PyTorch copy y into a new float32 tensor and then add:
 three passes over the activation where one does. vitscope's C kernel (native/residual.c) widens
 and adds in the same pass; the result is the same float32 number (y widens exactly). The backward is
-add's: the gradient itself for x, cast to bfloat16 for y. vit.Block uses it for both residuals where
+add's: the gradient itself for x, cast to bfloat16 for y. The fast block (kernels/modules.py) uses it for
+both residuals where
 the branch has no LayerScale or stochastic depth, under the same conditions as the other kernels
 (CPU, contiguous tensors of one shape, outside torch.compile, tracing, forward-mode AD and
 torch.func, vitscope's kernels loaded).

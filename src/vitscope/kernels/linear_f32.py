@@ -6,15 +6,7 @@ times GELU's derivative) and the weight and bias gradients gᵀ x and g's column
 fused_linear's float32 path (`fused_linear.float32_fusable`: AMD CPUs with AVX2 and no AVX-512, where MKL's
 sgemm takes a generic path) calls them in place of oneDNN's and MKL's products wherever `runnable` says they
 may run. The sums are float32, in another order than MKL's or oneDNN's: results agree to float32 rounding,
-not bit for bit.
-
-On a 2-core Zen 3 EPYC (benchmarks/RESULTS.md, "CPUs without AVX-512"), alone at the plain 28x28 ViT's shapes
-(benchmarks/ab_float32_ops.py) 0.97-1.26x what the path ran before (oneDNN's linear forward and for the input
-gradient, torch.mm and a column sum for the weight and bias gradients); the plain ViT's float32 training step
-1.04x (ab_kernels.py --dtype float32 --part linear-f32), with the MLP's GELU in fc1's pass and its
-derivative multiplied in fc2's backward (fused_mlp.py) 1.02x more (--part mlp), and with x packed per 6 rows,
-the next panel's output and multiplier prefetched and the derivative stored past the cache 1.08x more
-(ab_native_build.py --dtype float32 --ref d4bd997).
+not bit for bit. Measurements: docs/performance.md, "Linear layers in float32 on AMD CPUs without AVX-512".
 """
 
 from __future__ import annotations

@@ -4,10 +4,7 @@ Three products use it: a linear layer's forward x Wᵀ + b (`forward`), with fc1
 looked up from the rounded sums in the same pass (`forward_gelu`, for fused_mlp; `forward(gelu=True)` in
 inference), and the input gradient g W (`input_grad`), with the multiply by GELU's derivative in the same pass
 (`mul=d`, fc2's backward). Each sum is taken in float32 and rounded to bfloat16 once, as oneDNN's are; the
-order of the sums differs. On a Zen 4 EPYC, 2 cores: 1.04x oneDNN's products alone over the plain 28x28
-ViT's and over ViT-S/16's shapes, 142 against 162 ms of the plain ViT's training step, and whole steps
-1.08x (plain ViT, AdamW), 1.03x (vit_fmnist_quick, Muon), 1.05x (ViT-S/16 training), 1.07x (ViT-S/16
-inference) (benchmarks/ab_linear.py, ab_kernels.py --part linear; RESULTS.md, session 30).
+order of the sums differs. Measurements: docs/performance.md, "Linear products without AMX".
 
 Where the CPU has AMX, oneDNN multiplies in its tiles at several times this kernel's peak, so it stays.
 """

@@ -1,11 +1,10 @@
 """Attention on CPU in vitscope's own C kernels, forward and backward: any length in bfloat16, and in
 float32 short sequences with AVX-512, any length with AVX2 alone.
 
-At a ViT's sequence lengths PyTorch's kernels spend most of their time on per-block overhead: for the
-Fashion-MNIST shape (1,024 heads of 50 tokens, head dim 32) its flash kernel reaches about 80
-GFLOP/s in float32 and 100 in bfloat16, and training in bfloat16 runs the explicit softmax path,
-which is no faster; around them the callers pay re-layout copies. vitscope's kernels do a whole
-head at a time and write the output straight into the (B, N, H, D) layout the projection reads:
+At a ViT's sequence lengths PyTorch's kernels spend most of their time on per-block overhead, and
+training in bfloat16 runs the explicit softmax path, which is no faster; around them the callers pay
+re-layout copies (docs/performance.md, "Attention"). vitscope's kernels do a whole head at a time and
+write the output straight into the (B, N, H, D) layout the projection reads:
 
 - float32 (`native/attention_f32.c`), on any CPU with AVX-512: every product one register-tiled
   loop of broadcast-multiply-adds, the softmax in AVX-512; on CPUs with AVX2 and FMA alone
@@ -61,12 +60,9 @@ class Kernel:
     inference_max_keys: int | None = None  # past this many keys, forwards without gradients go to PyTorch
 
 
-# From 768 keys on, PyTorch's float32 flash kernel takes 256 queries by 512 keys a block in MKL's products.
-# Its forward ran 1.06-1.15x as fast as the AVX2 kernel's on a Zen 3 EPYC (N = 769-4097, 6 heads of 64,
-# 2 threads) until the kernel read its operands in panels (session 39): now the two are level there
-# (PyTorch's time over the kernel's 0.99-1.10), the kernel 1.04-1.35x ahead below, and forward with
-# backward 1.04-1.47x at every length (benchmarks/ab_long_attention.py). Inference forwards past 768 keys
-# still run PyTorch's kernel there: at parity, nothing is gained by leaving it.
+# From 768 keys on, PyTorch's float32 flash kernel takes 256 queries by 512 keys a block in MKL's products,
+# and its forward is level with the AVX2 kernel's (docs/performance.md, "Attention"): inference forwards past
+# this many keys stay PyTorch's, since at parity nothing is gained by leaving it.
 AVX2_FLOAT32_INFERENCE_MAX_KEYS = 768
 
 # Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
@@ -212,8 +208,8 @@ def _split(qkv: Tensor, heads: int, queries: int | None) -> tuple[Tensor, Tensor
 # one (B, N, 3·H·D) tensor, so no split, stack or re-layout copies run either way. `queries` < 0:
 # every token's query. Eager calls run an autograd function; under torch.compile the same code runs as
 # a torch.library custom op, which the compiled graph keeps whole (Inductor calls it as an opaque
-# kernel) instead of tracing PyTorch's attention in its place. (The custom op's dispatch costs about
-# 10 µs a call in inference and 40 in training more than the function's, which small batches feel.)
+# kernel) instead of tracing PyTorch's attention in its place. Eager calls keep the autograd function,
+# since the custom op's dispatch costs more per call, which small batches feel.
 
 
 def _qkv_forward(qkv: Tensor, heads: int, scale: float, queries: int, keep_lse: bool) -> tuple[Tensor, Tensor]:

@@ -11,8 +11,8 @@ its bfloat16 extension (AMD since Zen 4, Intel since Cooper Lake), the other bui
 attention for AMX. The library loads where the CPU has the first; `has(isa)` says whether a kernel of
 that set may run, and `why_not(isa)` why not.
 
-A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/kernels/native`, else
-`~/.cache/vitscope/kernels/native`), named by a hash of the source, the compiler and its flags, so an edited
+A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/native`, else
+`~/.cache/vitscope/native`), named by a hash of the source, the compiler and its flags, so an edited
 source or another compiler builds afresh. It is compiled to a temporary file in that folder and
 renamed into place, so two processes building at once, or a killed build, never leave a half-written
 library behind. The libraries link OpenMP dynamically; torch has already loaded its libgomp, so the
@@ -58,10 +58,8 @@ SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "atte
            "residual.c": "avx512_bf16", "short_attention.c": "amx", "weight_grad.c": "avx512_bf16"}
 # Functions and loops start on 32-byte boundaries. GCC's generic tuning aligns loops to 16 bytes at most,
 # so where a product's inner loop started, relative to the 32- and 64-byte windows the core fetches and
-# caches its decoded instructions in, moved with every change to any source before it in the library:
-# on a 2-core Zen 3 EPYC float32 training ran 1.06-1.07x (the plain 28x28 ViT) and 1.05-1.09x (ViT-S/16)
-# as fast with them and ViT-S/16 inference 1.07x, in one process beside a build without
-# (benchmarks/ab_native_build.py --ref-flags; benchmarks/RESULTS.md, session 40).
+# caches its decoded instructions in, moved with every change to any source before it in the library, and
+# the kernels' speed with it (docs/performance.md, "How the kernels are compiled").
 FLAGS = ["-O3", "-fPIC", "-fopenmp", "-std=gnu11", "-falign-functions=32", "-falign-loops=32"]
 
 _reason: str | None = None
