@@ -18,30 +18,42 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from vitscope.kernels.registry import KERNELS, Kernel, disabled, enabled, why_not
+from vitscope.attention import attend as plain_attend
+from vitscope.kernels import fused_linear, native, short_attention
+from vitscope.kernels.modules import swap_in, swap_out
+from vitscope.kernels.registry import KERNELS, Kernel, disabled, enabled
 
 
 def apply(model: nn.Module) -> nn.Module:
     """Swap vitscope's fast modules into `model` in place and return it. Parameters, state_dict, hooks
     and wrappers are untouched; `revert(model)` undoes it. Safe to call twice."""
-    from vitscope.kernels.modules import swap_in
-
     return swap_in(model)
 
 
 def revert(model: nn.Module) -> nn.Module:
     """Give `model` its plain PyTorch modules back, in place, and return it."""
-    from vitscope.kernels.modules import swap_out
-
     return swap_out(model)
+
+
+def why_not(kernel: Kernel) -> str | None:
+    """Why `kernel` cannot run here (None where it can): the switch, the library, or the CPU."""
+    if not enabled():
+        return "turned off (vitscope.kernels.disabled)"
+    if kernel.isa is None:
+        return None if fused_linear.available() else "oneDNN does not run bfloat16 natively on this CPU"
+    why = native.why_not(kernel.isa)
+    if why is None and kernel.yields_to == "avx512" and native.has("avx512"):
+        why = "this CPU has AVX-512, where PyTorch's own 16-wide kernels run"
+    if why is None and kernel.yields_to == "amx" and native.cpu_has_amx():
+        why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"
+    if why is None and kernel.yields_to == "amd_avx2" and not fused_linear.float32_available():
+        why = "it runs on AMD CPUs without AVX-512 only, where MKL's float32 products are slow"
+    return why
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) -> Tensor:
     """`vitscope.attention.attend(q, k, v, scale=scale)` (no mask, no dropout) through vitscope's attention
     kernels where they run: q (B, H, Nq, D), k and v (B, H, Nk, D) -> (B, H, Nq, D)."""
-    from vitscope.attention import attend as plain_attend
-    from vitscope.kernels import short_attention
-
     if enabled() and short_attention.usable(q, k, v):
         return short_attention.attend(q, k, v, scale)
     return plain_attend(q, k, v, scale=scale)

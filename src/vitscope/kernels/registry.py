@@ -80,21 +80,3 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("conv weight gradient", "avx512_bf16", ("bfloat16",), "the conv stem's 3x3 weight gradients",
            "fused_conv", "amx"),
 )
-
-
-def why_not(kernel: Kernel) -> str | None:
-    """Why `kernel` cannot run here (None where it can): the switch, the library, or the CPU."""
-    from vitscope.kernels import fused_linear, native
-
-    if not enabled():
-        return "turned off (vitscope.kernels.disabled)"
-    if kernel.isa is None:
-        return None if fused_linear.available() else "oneDNN does not run bfloat16 natively on this CPU"
-    why = native.why_not(kernel.isa)
-    if why is None and kernel.yields_to == "avx512" and native.has("avx512"):
-        why = "this CPU has AVX-512, where PyTorch's own 16-wide kernels run"
-    if why is None and kernel.yields_to == "amx" and native.cpu_has_amx():
-        why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"
-    if why is None and kernel.yields_to == "amd_avx2" and not fused_linear.float32_available():
-        why = "it runs on AMD CPUs without AVX-512 only, where MKL's float32 products are slow"
-    return why
