@@ -26,7 +26,7 @@
 /* Every product reads its b laid out in panels of 16 columns (gemm_panels), each column group's rows one
    contiguous stream: row-major, rows lk or d floats apart (1 KB or 256 B) put a tile's 64 or 256 rows of b
    into a few of L1's sets, and at a fused qkv's row stride (3 H D floats) into fewer still. Panels took
-   the forward 1.05-1.2x and the backward 1.03-1.08x faster at 197-4097 keys (session 39). */
+   the forward 1.05-1.2x and the backward 1.03-1.08x faster at 197-4097 keys (docs/performance.md). */
 
 /* kp = k's n rows transposed (keys padded with zeros to lk, a multiple of 8) in panels of 16 keys, the last one
    8 wide where lk / 8 is odd: panel p, at kp + 16 p d, holds for each dd < d its keys' k[.][dd] (pw floats). */

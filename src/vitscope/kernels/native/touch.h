@@ -2,7 +2,7 @@
 
    The attention kernels' q, k, v (and g) rows lie a row stride apart (the heads of one fused qkv
    projection's output), which the hardware prefetchers do not follow. Reading all of a head's lines in
-   one burst before it (session 24's way) is held back by the core's outstanding misses: at ViT-S/16's
+   one burst before it (as an earlier version did) is held back by the core's outstanding misses: at ViT-S/16's
    197 tokens of 64 dims the forward took 70-75 µs a head and thread from memory against 58-59 in
    cache, and reading the head two ahead measured no better than reading the head itself right before
    computing it. Spread over the softmax's rows, a few lines per row, the fetches overlap the
