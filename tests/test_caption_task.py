@@ -60,7 +60,7 @@ def test_batch_to_loss_to_metrics(kind):
         opt.zero_grad()
         terms["loss"].backward()
         opt.step()
-    assert float(terms["xent"]) < first * 0.8
+    assert terms["xent"].item() < first * 0.8
     result = task.evaluate(model, data.subset(range(6)), mean=(0.3,), std=(0.3,), beam=2, batch_size=4)
     m = result.metrics
     assert set(m) >= {"bleu1", "bleu4", "cider", "item_accuracy", "exact_match", "grounding", "grounding_per_layer"}
