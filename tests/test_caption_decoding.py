@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from test_caption_models import MAX_LEN, images, tiny
+from test_caption_models import MAX_LEN, images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
 from vitscope.caption.decoding import beam_search, decode, greedy
 from vitscope.caption.vocab import BOS, EOS, PAD
 

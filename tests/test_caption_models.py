@@ -9,6 +9,16 @@ from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConf
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
 from vitscope.caption.vocab import BOS, EOS, PAD
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny models here run fastest on one thread (and stay quick on a busy shared machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # Tiny captioners (also used by test_caption_decoding): 8 x 8 images, 2 x 2 patches, 3 words, 6 positions.
 VOCAB = 7  # <pad> <bos> <eos> <unk> + 3 words
 MAX_LEN = 6

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_caption_models import images, tiny
+from test_caption_models import images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
 from vitscope.caption.decoding import beam_search
 from vitscope.caption.plots import caption_figure, plot_caption_attention, word_maps
 from vitscope.caption.vocab import Vocabulary

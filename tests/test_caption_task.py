@@ -5,6 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from test_caption_models import one_thread  # noqa: F401 (autouse)
 from test_caption_scenes import _source
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.scenes import ScenesConfig, make_scenes
