@@ -154,7 +154,7 @@ def test_models_and_data_list(capsys):
     (["train", "--config", "/no/such.json"], "does not exist"),
     (["train", "--batch-size", "0"], "batch_size must be at least 1"),
     (["train", "--final-eval-shift", "-1"], "final_eval_shift is a number of pixels"),
-    (["eval", "/no/such/run", "--shift", "-2"], "--shift is a number of pixels"),
+    (["eval", "/no/such/run", "--shift", "-2"], "argument --shift: must be at least 0, got -2"),
     (["models", "nothing*"], "no preset matches"),
     (["train", "--betas", "0.9", "0.98", "0.999"], "betas are AdamW's two"),
     (["train", "--aug-rrc-scale", "0.5"], "rrc_scale is a range of two positive numbers"),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from vitscope.cli.main import add_kernels_flag
+from vitscope.cli.main import UsageError, add_kernels_flag, at_least, check_out_dir, os_error_line
+from vitscope.data import DataError
 from vitscope.inspect.capture import CaptureTooLarge
 
 
@@ -42,8 +43,8 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="dataset split (default: test)")
     p.add_argument("--data-dir", type=Path, help="where the dataset's files are (default: where the run read "
                                                  "them, else the dataset's usual places)")
-    p.add_argument("--num", type=int, default=8, help="how many dataset images to show (default: 8)")
-    p.add_argument("--importance-samples", type=int, default=512,
+    p.add_argument("--num", type=at_least(1), default=8, help="how many dataset images to show (default: 8)")
+    p.add_argument("--importance-samples", type=at_least(0), default=512,
                    help="labelled dataset images used for head importance and pruning (default: 512; "
                         "0 skips them)")
     p.add_argument("--no-report", action="store_true", help="write only explorer.html, no PNG pictures")
@@ -81,10 +82,12 @@ def run_explain(args: argparse.Namespace) -> int:
     (with `args.debug`, the traceback instead)."""
     try:
         paths = explain(args)
-    except (ExplainError, CaptureTooLarge, FileNotFoundError, ValueError) as e:
+    except (ExplainError, UsageError, CaptureTooLarge, ValueError, OSError, DataError) as e:
         if getattr(args, "debug", False):
             raise
-        print(f"vitscope explain: error: {e}", file=sys.stderr)
+        msg = os_error_line(e) if isinstance(e, OSError) and e.errno is not None else str(e)
+        msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())
+        print(f"vitscope explain: error: {msg}", file=sys.stderr)
         return 2
     for p in paths:
         print(p)
@@ -99,6 +102,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
 
     if not args.images and not args.dataset:
         raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
+    out = check_out_dir(Path(args.out))
     model, info = _load(Path(args.model), kernels=not args.no_kernels)
     known = info.normalisation_known
     mean, std = (list(info.mean), list(info.std)) if known else (None, None)
@@ -121,7 +125,6 @@ def explain(args: argparse.Namespace) -> list[Path]:
         mean, std = list(info.mean), list(info.std)
         print("vitscope explain: warning: the checkpoint records no mean/std; assuming 0.5 and 0.5 (timm's ViT "
               "weights'), as predict and eval do", file=sys.stderr)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     importance, data = None, None

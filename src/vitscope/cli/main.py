@@ -22,6 +22,27 @@ class UsageError(Exception):
     """A problem the user can fix; printed as one line."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors as one line (`vitscope eval: error: ...`) and exit code 2, like vitscope's own."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+def at_least(low: int):
+    """An argparse type: a whole number >= `low`."""
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
+        return v
+    parse.__name__ = "int"
+    return parse
+
+
 # -- shared helpers ---------------------------------------------------------------------------------
 def _field_type(tp):
     """(scalar type argparse should parse a dataclass field with, its choices, whether None is allowed)."""
@@ -114,6 +135,11 @@ def add_train_parser(sub) -> None:
     p.add_argument("--config", type=Path, help="a JSON config file (e.g. a run's config.json)")
     p.add_argument("--out", type=Path, help="run directory (default runs/<preset>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    p.add_argument("--weights-only", action="store_true",
+                   help="with --resume: continue from the run's weights alone where its checkpoint is not whole "
+                        "(optimizer and random state start afresh, so the result differs from an unbroken run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run that --out holds (without it, a folder holding a run is refused)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model field, e.g. --set depth=8 --set drop_path_rate=0.1")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -147,37 +173,49 @@ def parse_model_sets(items: list[str]) -> dict:
     return out
 
 
+def _read_config_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise UsageError(f"{what}: {path} does not exist" if path.exists() is False else f"{what}: {path} is a folder")
+    try:
+        base = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what}: {path} is not valid JSON: {e}") from e
+    if not isinstance(base, dict):
+        raise UsageError(f"{what}: {path} holds {json.dumps(base)[:40]}, not a JSON object of training fields "
+                         f"(like a run's config.json)")
+    return base
+
+
 def build_train_config(args):
     from vitscope.training.loop import TrainConfig
     from vitscope.training.recipes import get_recipe
 
     if args.resume:
-        cfg_path = args.resume / "config.json"
-        if not cfg_path.is_file():
-            raise UsageError(f"cannot resume: {cfg_path} does not exist")
-        try:
-            base = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"cannot resume: {cfg_path} is not valid JSON: {e}") from e
+        base = _read_config_json(args.resume / "config.json", "cannot resume")
     elif args.config:
-        if not args.config.is_file():
-            raise UsageError(f"config file {args.config} does not exist")
-        try:
-            base = json.loads(args.config.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{args.config} is not valid JSON: {e}") from e
+        base = _read_config_json(args.config, "config file")
     else:
         base = get_recipe(args.preset or "fmnist_quick").to_dict()
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     aug = {k[4:]: v for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
-    if args.resume and (given or aug or args.set):
+    if args.resume and (given or aug or args.set or args.out or args.overwrite):
         raise UsageError("--resume continues the saved config exactly; drop the other training flags")
+    if args.weights_only and not args.resume:
+        raise UsageError("--weights-only goes with --resume RUN_DIR")
     base.update(given)
-    base["augment"] = {**base.get("augment", {}), **aug}
+    augment = base.get("augment", {})
+    if not isinstance(augment, dict):
+        raise UsageError(f"augment must be an object of augmentation fields, got {augment!r}")
+    base["augment"] = {**augment, **aug}
     if args.set:
-        base.setdefault("model_args", {}).update(parse_model_sets(args.set))
-    return TrainConfig.from_dict(base)
+        if not isinstance(base.setdefault("model_args", {}), dict):
+            raise UsageError(f"model_args must be an object of model fields, got {base['model_args']!r}")
+        base["model_args"].update(parse_model_sets(args.set))
+    try:
+        return TrainConfig.from_dict(base)
+    except TypeError as e:  # a field missing or of a kind the dataclass cannot even take
+        raise UsageError(f"the training config does not fit TrainConfig: {e}") from e
 
 
 def run_train(args) -> int:
@@ -189,7 +227,8 @@ def run_train(args) -> int:
     else:
         run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"run directory: {run_dir}", flush=True)
-    result = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress)
+    result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,
+                   progress=not args.no_progress)
     if result.stopped == "signal":
         print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
         return 130
@@ -208,11 +247,11 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
     p.add_argument("--data-dir", help="where the dataset's files are (default: where the run read them)")
     p.add_argument("--split", help="the split evaluated (default: the one the run evaluated on, else test)")
-    p.add_argument("--batch-size", type=int, default=500, help="images a forward (default: 500)")
+    p.add_argument("--batch-size", type=at_least(1), default=500, help="images a forward (default: 500)")
     p.add_argument("--flip", action="store_true",
                    help="test-time augmentation: average the logits of each image and its mirror image "
                         "(runs trained with eval_flip, like the fmnist_best preset, report this accuracy)")
-    p.add_argument("--shift", type=int, default=0, metavar="PX",
+    p.add_argument("--shift", type=at_least(0), default=0, metavar="PX",
                    help="test-time augmentation: also average each image moved PX pixels left, right, up and "
                         "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
     p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
@@ -227,8 +266,7 @@ def run_eval(args) -> int:
     from vitscope.training.loop import evaluate
     from vitscope.weights.model_source import load_data, open_model
 
-    if args.shift < 0:
-        raise UsageError(f"--shift is a number of pixels, at least 0, got {args.shift}")
+    out = check_out_dir(args.out) if args.out else None
     model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
     name = args.dataset or info.dataset
     if not name:
@@ -247,24 +285,36 @@ def run_eval(args) -> int:
                    device=torch.device("cpu"), flip=args.flip, shift=args.shift)
     conf = res["confusion"]
     per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
-    out = {"checkpoint": info.source, "dataset": name, "split": split, "flip": args.flip,
-           "shift": args.shift, "n": int(conf.sum()),
-           "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
-           "confusion": conf.tolist()}
-    if args.out:
+    summary = {"checkpoint": info.source, "dataset": name, "split": split, "flip": args.flip,
+               "shift": args.shift, "n": int(conf.sum()),
+               "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
+               "confusion": conf.tolist()}
+    if out is not None:
         from vitscope.training.curves import plot_confusion
 
-        args.out.mkdir(parents=True, exist_ok=True)
-        plot_confusion(conf, data.classes, args.out / "confusion.png", title=f"accuracy {100 * res['acc']:.2f}%")
-        (args.out / "eval.json").write_text(json.dumps(out, indent=2))
+        out.mkdir(parents=True, exist_ok=True)
+        plot_confusion(conf, data.classes, out / "confusion.png", title=f"accuracy {100 * res['acc']:.2f}%")
+        (out / "eval.json").write_text(json.dumps(summary, indent=2))
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(summary, indent=2))
     else:
-        print(f"{name} {split}: {out['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
+        print(f"{name} {split}: {summary['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
         width = max(len(c) for c in data.classes)
         for c, acc in per_class.items():
             print(f"  {c:<{width}}  {100 * acc:6.2f}%")
     return 0
+
+
+def check_out_dir(path: Path) -> Path:
+    """Before any work: `path` can be an output folder (no file in its place, somewhere writable)."""
+    from vitscope.training.run_dir import RunDirError, _not_a_file, probe_writable
+
+    try:
+        _not_a_file(path)
+        probe_writable(path)
+    except RunDirError as e:
+        raise UsageError(str(e)) from None
+    return path
 
 
 def _listed(names, most: int = 4) -> str:
@@ -290,7 +340,8 @@ def add_predict_parser(sub) -> None:
     p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
                                       "with pretrained weights (e.g. vit_small_patch16_224)")
     p.add_argument("images", nargs="+", type=Path, help="image files or folders")
-    p.add_argument("--top-k", type=int, default=3, help="labels shown per image, most likely first (default: 3)")
+    p.add_argument("--top-k", type=at_least(1), default=3,
+                   help="labels shown per image, most likely first (default: 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_kernels_flag(p)
     p.set_defaults(run=run_predict)
@@ -429,7 +480,7 @@ def run_models(args) -> int:
 
 # -- main --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vitscope", description=__doc__.splitlines()[0])
+    parser = Parser(prog="vitscope", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_train_parser(sub)
@@ -462,14 +513,42 @@ def _plain_warnings(prog: str) -> None:
     warnings.formatwarning = formatwarning
 
 
+def os_error_line(e: OSError) -> str:
+    """An OSError on a user's path as one line: what happened, where, and what to do."""
+    import errno
+
+    where = f": {e.filename}" if e.filename else ""
+    if e.filename2:
+        where += f" -> {e.filename2}"
+    advice = {
+        errno.ENOSPC: "free some disk space or write elsewhere",
+        errno.EDQUOT: "free some space or write elsewhere",
+        errno.EACCES: "choose a folder you can write to, or change its permissions",
+        errno.EPERM: "choose a folder you can write to, or change its permissions",
+        errno.EROFS: "the file system is read-only: write elsewhere",
+        errno.ENOTDIR: "a file stands where a folder should be: choose another path",
+        errno.EEXIST: "a file stands where a folder should be: choose another path",
+        errno.EISDIR: "a folder stands where a file should be: choose another path",
+        errno.ENOENT: "check the path",
+    }.get(e.errno, "check the path")
+    return f"{e.strerror or type(e).__name__}{where}; {advice}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from vitscope.data import DataError
     from vitscope.kernels import allocator
+    from vitscope.training.checkpointing import CheckpointError
     from vitscope.training.loop import NonFiniteLoss
+    from vitscope.training.run_dir import RunDirError
     from vitscope.weights.pretrained import WeightsError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a flag's value was refused (one line printed); --help still exits
+        if e.code == EXIT_USAGE:
+            return EXIT_USAGE
+        raise
     _plain_warnings(f"vitscope {args.command}")
     if args.command in ("eval", "predict", "explain"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
@@ -477,11 +556,17 @@ def main(argv: list[str] | None = None) -> int:
         allocator.keep_freed_memory()
     try:
         return args.run(args)
-    except (UsageError, DataError, NonFiniteLoss, WeightsError, ValueError, FileNotFoundError, KeyError) as e:
+    except (UsageError, DataError, NonFiniteLoss, WeightsError, ValueError, KeyError, CheckpointError, RunDirError,
+            OSError, MemoryError) as e:
         if args.debug:
             raise
-        # a KeyError's str() is its key's repr; other messages keep their quotes
-        msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
+        if isinstance(e, OSError) and e.errno is not None:  # the system's, not one of vitscope's messages
+            msg = os_error_line(e)
+        elif isinstance(e, MemoryError):
+            msg = f"out of memory{': ' + str(e) if str(e) else ''}; use a smaller --batch-size or --image-size"
+        else:
+            # a KeyError's str() is its key's repr; other messages keep their quotes
+            msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
         msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())  # one line
         print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_USAGE

@@ -55,38 +55,52 @@ def scan(directory: Path, classes: Sequence[str]) -> list[tuple[Path, int]]:
 
 # -- decoding --------------------------------------------------------------------------------------
 def load_image(
-    path: str | Path, *, image_size: int | None = None, channels: int = 3, resize: Resize = "crop"
+    path: str | Path,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    channels: int = 3,
+    resize: Resize = "crop",
 ) -> np.ndarray:
     """Decode one image file to uint8 (C, H, W). Raises DataError saying why it could not.
 
-    Grayscale, RGBA and palette images are converted to RGB (channels=3) or L (channels=1);
-    transparency is composited onto white, as an image viewer shows it.
+    The one decoder of image files in vitscope: training, eval, predict, explain and captioning all
+    read through it, so every command has the same decompression-bomb limit (`max_image_pixels`).
+    `image_size` is a side, or (height, width). Grayscale, RGBA and palette images are converted to RGB
+    (channels=3) or L (channels=1); transparency is composited onto white, as an image viewer shows it.
     """
     path = Path(path)
+    if channels not in (1, 3):
+        raise DataError(f"images can be read as 1 (grayscale) or 3 (RGB) channels, not {channels}")
     mode = {1: "L", 3: "RGB"}[channels]
+    size = None if image_size is None else (
+        (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1])))
     try:
         with warnings.catch_warnings():
             # PIL only warns between MAX_IMAGE_PIXELS and twice that; refuse those too.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
-                if image_size is not None:
-                    img.draft(mode, (image_size, image_size))  # JPEG: decode at a reduced scale
+                if size is not None:
+                    img.draft(mode, (size[1], size[0]))  # JPEG: decode at a reduced scale
                 img = convert_mode(img, mode)
-                if image_size is not None:
-                    size = (image_size, image_size)
+                if size is not None:
+                    wh = (size[1], size[0])
                     img = (
-                        ImageOps.fit(img, size, Image.Resampling.BICUBIC)
+                        ImageOps.fit(img, wh, Image.Resampling.BICUBIC)
                         if resize == "crop"
-                        else img.resize(size, Image.Resampling.BICUBIC)
+                        else img.resize(wh, Image.Resampling.BICUBIC)
                     )
-                array = np.asarray(img, dtype=np.uint8)
+                array = np.array(img, dtype=np.uint8)  # a writable copy, as torch.from_numpy wants
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise DataError(
-            f"{path}: refused as a decompression bomb ({e}). If the image is genuine, raise "
-            "PIL.Image.MAX_IMAGE_PIXELS before loading"
+            f"{path}: refused as a decompression bomb ({e}); vitscope decodes at most {max_image_pixels():,} "
+            "pixels an image. If the image is genuine, shrink it, or raise PIL.Image.MAX_IMAGE_PIXELS before loading"
         ) from e
     except UnidentifiedImageError as e:
         raise DataError(f"{path}: not an image PIL can read ({e})") from e
+    except IsADirectoryError as e:
+        raise DataError(f"{path}: a folder, not an image file") from e
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: no such image file") from e
     except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data
         raise DataError(f"{path}: cannot decode ({type(e).__name__}: {e})") from e
     if array.ndim == 2:
@@ -94,6 +108,12 @@ def load_image(
     else:
         array = array.transpose(2, 0, 1)  # (H, W, C) -> (C, H, W)
     return np.ascontiguousarray(array)
+
+
+def max_image_pixels() -> int:
+    """The most pixels an image file may hold: PIL's own limit (PIL.Image.MAX_IMAGE_PIXELS), enforced as a
+    hard limit where PIL only warns up to twice it."""
+    return int(Image.MAX_IMAGE_PIXELS or 0)
 
 
 def convert_mode(img: Image.Image, mode: str) -> Image.Image:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
 from torch import Tensor
 
 
@@ -52,13 +51,13 @@ def display_image(image: Tensor | np.ndarray) -> np.ndarray:
 
 
 def load_image_files(paths: Sequence[str | Path], *, channels: int, size: tuple[int, int]) -> Tensor:
-    """Decode image files (PNG, JPEG, ...) to uint8 (B, C, H, W) as the training data was decoded
-    (vitscope.data.folder): converted to `channels` (transparency over white), then centre-cropped to the
-    model's aspect and resized to `size` = (H, W), so a photo is not squashed."""
-    from vitscope.data.folder import convert_mode
+    """Decode image files (PNG, JPEG, ...) to uint8 (B, C, H, W) through the training data's decoder
+    (vitscope.data.folder.load_image: the same decompression-bomb limit, transparency over white, centre-cropped
+    to the model's aspect and resized to `size` = (H, W), so a photo is not squashed)."""
+    from vitscope.data import DataError
+    from vitscope.data.folder import load_image
 
-    mode = {1: "L", 3: "RGB"}.get(channels)
-    if mode is None:
+    if channels not in (1, 3):
         raise ValueError(f"images can be read for 1- or 3-channel models, not {channels} channels")
     out = []
     for p in paths:
@@ -66,10 +65,7 @@ def load_image_files(paths: Sequence[str | Path], *, channels: int, size: tuple[
         if not p.is_file():
             raise FileNotFoundError(f"no image file at {p}")
         try:
-            with Image.open(p) as im:
-                im = ImageOps.fit(convert_mode(im, mode), (size[1], size[0]), Image.Resampling.BICUBIC)
-                a = np.asarray(im, dtype=np.uint8)
-        except (OSError, Image.DecompressionBombError) as e:
-            raise ValueError(f"cannot read {p} as an image: {e}") from e
-        out.append(torch.from_numpy(a.reshape(size[0], size[1], channels).transpose(2, 0, 1).copy()))
+            out.append(torch.from_numpy(load_image(p, image_size=tuple(size), channels=channels, resize="crop")))
+        except DataError as e:
+            raise ValueError(f"cannot read {p} as an image: {str(e).removeprefix(f'{p}: ')}") from e
     return torch.stack(out)

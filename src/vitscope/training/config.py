@@ -155,6 +155,10 @@ def _type_name(tp) -> str:
 
 
 def _check_types(cfg: TrainConfig) -> None:
+    if isinstance(cfg.betas, (tuple, list)) and len(cfg.betas) != 2:
+        raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {tuple(cfg.betas)}")
+    if cfg.data_dir is not None and isinstance(cfg.data_dir, os.PathLike):
+        cfg.data_dir = os.fspath(cfg.data_dir)
     hints = typing.get_type_hints(type(cfg))
     for name in cfg.__dataclass_fields__:
         value = getattr(cfg, name)
@@ -199,8 +203,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _finite("label_smoothing", cfg.label_smoothing, low=0, high=1, high_open=True)
     if cfg.clip_grad is not None:
         _finite("clip_grad", cfg.clip_grad, low=0, low_open=True, unit="; none turns clipping off")
-    if len(cfg.betas) != 2:
-        raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {cfg.betas}")
     for i, b in enumerate(cfg.betas):
         _finite(f"betas[{i}]", b, low=0, high=1, high_open=True)
     if cfg.ema_decay is not None:

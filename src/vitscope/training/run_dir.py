@@ -80,9 +80,12 @@ class RunLock:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK
         self.fd: int | None = None
+        self.created = False  # False: a killed training's lock file was there before
+        self.previous = b""
 
     def acquire(self) -> RunLock:
         while True:
+            self.created = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 _flock(fd)
@@ -101,16 +104,22 @@ class RunLock:
             if same:
                 break
             os.close(fd)
+        self.previous = os.pread(fd, 4096, 0)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
         return self
 
-    def release(self) -> None:
+    def release(self, remove: bool = True) -> None:
+        """Unlock; `remove` the lock file too (a start that failed leaves a stale one from before as it was)."""
         if self.fd is None:
             return
         try:
-            self.path.unlink(missing_ok=True)
+            if remove:
+                self.path.unlink(missing_ok=True)
+            else:
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, self.previous, 0)
         finally:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
@@ -118,8 +127,8 @@ class RunLock:
     def __enter__(self) -> RunLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.release(remove=exc_type is None or self.created)
 
 
 def _flock(fd: int) -> None:

@@ -43,6 +43,24 @@ def open_model(source: str | Path, *, kernels: bool = False) -> tuple[VisionTran
 
 
 def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
+    model, info = _open_unchecked(source)
+    _check_finite(model, info.source)
+    if len(info.classes) != model.num_classes:
+        raise ValueError(f"{info.source} names {len(info.classes)} classes but its head has {model.num_classes} "
+                         f"outputs: its metadata does not belong to its weights; use the checkpoint its run wrote")
+    return model, info
+
+
+def _check_finite(model: VisionTransformer, source: str) -> None:
+    import torch
+
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"{source} holds NaN or infinite weights ({len(bad)} tensors, e.g. {bad[0]}): the training "
+                         f"that wrote it diverged; use an earlier checkpoint (a run's best.safetensors)")
+
+
+def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     from vitscope.models import create_model, list_models
     from vitscope.weights.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
     from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
@@ -58,7 +76,14 @@ def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     ckpt = find_checkpoint(path)
     meta = read_metadata(ckpt) if ckpt.suffix == ".safetensors" else {}
     if "vitscope_format" not in meta:  # save_model has always written it; else timm's: shape read off the weights
-        model = create_from_timm(ckpt, **_head_count_hint(ckpt, meta)).eval()
+        try:
+            model = create_from_timm(ckpt, **_head_count_hint(ckpt, meta)).eval()
+        except ValueError as e:
+            if "num_heads" not in str(e):
+                raise
+            raise ValueError(f"{ckpt} holds weights without vitscope's config, and no preset has their shape, so their "
+                             f"number of heads is unknown: save the model with vitscope.weights.checkpoints.save_model("
+                             f"model, 'model.safetensors'), which records its config, and give that file") from None
         return model, _info(model, {}, ckpt)
     model = load_model(ckpt).eval()
     return model, _info(model, meta, ckpt)
