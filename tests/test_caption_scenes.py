@@ -120,3 +120,16 @@ def test_real_fashion_mnist_scenes_use_their_own_split():
             assert torch.equal(canvas[0, r * 28:(r + 1) * 28, c * 28:(c + 1) * 28], test_items.images[src, 0])
             assert int(test_items.labels[src]) == cls
     assert np.isfinite(ds.mean[0])
+
+
+def test_default_test_split_matches_its_documented_checksum():
+    from vitscope.caption.scenes import CHECKSUMS, load_scenes
+    from vitscope.data import DataError, load_dataset
+
+    try:
+        load_dataset("fashion_mnist", "test", download=False)
+    except DataError as e:
+        pytest.skip(f"Fashion-MNIST files not here ({e})")
+    ds = load_scenes("test")  # verifies against CHECKSUMS, raising on a mismatch
+    assert scenes_checksum(ds.images, ds.scenes, ds.captions) == CHECKSUMS[(2, "test")]
+    assert len(ds) == 2000 and ds.image_shape == (1, 56, 56) and all(len(c) == 5 for c in ds.captions)

@@ -123,13 +123,16 @@ def build_captioner(config: CaptionTaskConfig, vocab_size: int, **encoder_overri
 
 
 def captioner_from_dict(d: dict) -> Captioner:
-    """Rebuild a captioner from `captioner_to_dict` (a checkpoint's config)."""
+    """Rebuild a captioner from `captioner_to_dict` (a checkpoint's config), its weights to be loaded
+    from the checkpoint: the encoder's pretrained weights are not fetched again."""
     kind = d.get("kind")
+    if kind not in ("transformer", "lstm"):
+        raise ValueError(f"not a captioner config (kind {kind!r})")
+    config = dict(d["config"])
+    config["encoder"] = {**config.get("encoder", {}), "pretrained": False}
     if kind == "transformer":
-        return TransformerCaptioner(TransformerCaptionerConfig.from_dict(d["config"]))
-    if kind == "lstm":
-        return ShowAttendTell(ShowAttendTellConfig.from_dict(d["config"]))
-    raise ValueError(f"not a captioner config (kind {kind!r})")
+        return TransformerCaptioner(TransformerCaptionerConfig.from_dict(config))
+    return ShowAttendTell(ShowAttendTellConfig.from_dict(config))
 
 
 def captioner_to_dict(model: Captioner) -> dict:
