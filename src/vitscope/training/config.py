@@ -266,7 +266,8 @@ def check_model(cfg: TrainConfig) -> None:
     patch = args["patch_size"] if isinstance(args["patch_size"], int) and args["patch_size"] >= 1 else 1
     args["img_size"] = img if given_img else patch
     ViTConfig.from_dict(args)  # types, choices and divisibility, with ViTConfig's own messages
-    side = (max(img) if isinstance(img, tuple) else img) if given_img else cfg.image_size
+    # the data is resized to image_size (whatever the model takes), so that side counts where given
+    side = cfg.image_size or ((max(img) if isinstance(img, tuple) else img) if given_img else None)
     if side is not None:
         _check_step_memory(cfg, args, side)
 
@@ -274,7 +275,7 @@ def check_model(cfg: TrainConfig) -> None:
 def step_bytes(args: dict, side: int, batch: int) -> float:
     """A rough upper estimate of one training step's activations for ViTConfig fields `args` at side x side
     pixels: the stem's feature maps, and per block the attention scores and a dozen token-sized tensors."""
-    total = 0.0
+    total = 2.0 * args["in_chans"] * side**2  # the batch of images, augmented in float
     stride = 1
     for channels, s in args["stem"]:
         stride *= s

@@ -54,10 +54,12 @@ def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
 def _check_finite(model: VisionTransformer, source: str) -> None:
     import torch
 
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    tensors = model.state_dict()
+    bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"{source} holds NaN or infinite weights ({len(bad)} tensors, e.g. {bad[0]}): the training "
-                         f"that wrote it diverged; use an earlier checkpoint (a run's best.safetensors)")
+        raise ValueError(f"{source} holds NaN or infinite weights ({len(bad)} of {len(tensors)} tensors, e.g. "
+                         f"{bad[0]}): the training that wrote it diverged; use an earlier checkpoint (a run's "
+                         f"best.safetensors)")
 
 
 def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
