@@ -6,7 +6,7 @@ fc1ᵀ has fc2's shape), so here the matrices that share a shape once oriented w
 torch orients them) are stacked and iterated together with `bmm`/`baddbmm`, and the momentum, weight
 decay and update run as `_foreach` ops. Every operation is the one torch applies to each matrix, in the
 same dtype and order; the parameters come out bit for bit as `torch.optim.Muon`'s on the CPUs we
-measured (tests/test_muon.py checks them to bfloat16 rounding, benchmarks/ab_optimizer.py times them).
+measured (tests/test_muon.py checks them to bfloat16 rounding, docs/performance.md gives their timings).
 
 It is a `torch.optim.Muon`: the same arguments, param groups and state (`momentum_buffer` per
 parameter), so its state dicts load into either. With a torch that has no `torch.optim.Muon`,

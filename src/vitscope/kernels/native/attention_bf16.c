@@ -60,7 +60,7 @@ static inline __attribute__((always_inline)) void some_rows(int n, int cnt, cons
    rows left after the whole groups (a sequence's last block: 2 of 16 at 50 tokens) as the fewest that
    cover them, not a whole group: one head of the plain 28x28 ViT's attention in cache took 3.1-3.2 µs
    forward and 6.5 backward against 3.3 and 6.8-7.0 (a C harness), the same results bit for bit; its
-   training step measured 1.00x (benchmarks/ab_native_build.py), the attention being 13% of it. */
+   training step measured 1.00x (docs/performance.md), the attention being 13% of it. */
 static void tile_rows(int rows, int cnt, const uint8_t *a, int64_t as, const uint32_t *b, int64_t bes, int64_t bts,
                       int np, float *out, int64_t ors, int64_t oes)
 {

@@ -8,8 +8,7 @@
    the quick preset's 3x3 stem convs ran at 90-250 GFLOP/s inside its training step on a Zen 4 EPYC (the
    stride-2 ones slowest); see vitscope/kernels/fused_conv.py for what this kernel makes of them. Fetching the next
    chunk's rows of g and band of x while a chunk's blocks run took the 64 -> 64 conv from 333 to 404 GFLOP/s
-   alone, the four 3x3 convs from 15.2 to 14.1 ms, and the quick preset's step 1.01x (ab_conv_weight_grad.py,
-   ab_native_build.py). */
+   alone, the four 3x3 convs from 15.2 to 14.1 ms, and the quick preset's step 1.01x (docs/performance.md). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>

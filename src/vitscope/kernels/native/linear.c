@@ -1,9 +1,9 @@
 /* A linear layer's products in bfloat16 for AVX512-BF16: y = x Bᵀ (+ bias), where B is either the layer's
    weight W (n, k) (the forward, x Wᵀ) or, for the input gradient g W, the weight read down its columns.
 
-   On a Zen 4 EPYC's 2 cores vdpbf16ps peaks at 445-470 GFLOP/s (benchmarks/dpbf16_peak.c); oneDNN's bfloat16
+   On a Zen 4 EPYC's 2 cores vdpbf16ps peaks at 445-470 GFLOP/s (docs/performance.md); oneDNN's bfloat16
    linear ran the plain 28x28 ViT's and ViT-S/16's layers at 340-430, this kernel at 400-450, and inside the
-   plain ViT's training step its products took 142 ms a step against oneDNN's 162 (benchmarks/ab_linear.py).
+   plain ViT's training step its products took 142 ms a step against oneDNN's 162 (docs/performance.md).
    B is packed once per call into pairs of its reduction index interleaved (the dwords vdpbf16ps multiplies
    and adds), k/2 x n dwords: at most a few MB, mostly in L2. Each thread takes chunks of up to MC rows of x;
    a block of 4 rows by 64 columns (6 rows where k > 256) keeps its float32 sums in 16 (24) registers over

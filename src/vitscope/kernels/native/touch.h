@@ -7,7 +7,7 @@
    cache, and reading the head two ahead measured no better than reading the head itself right before
    computing it. Spread over the softmax's rows, a few lines per row, the fetches overlap the
    arithmetic: forward 62-66 µs, backward 150-152 against 158-177, and the plain 28x28 ViT's
-   3.4-3.7 µs forward against 3.7-4.8 (benchmarks/attention_heads.c, a layer on 2 threads, Zen 4).
+   3.4-3.7 µs forward against 3.7-4.8 (docs/performance.md; a layer on 2 threads, Zen 4).
 
    Prefetch instructions, not loads: spread over the rows, loads were as fast only where the compiler
    unrolled the loop that issues them; as a loop they made the forward 1.45x slower (93 µs), while a
@@ -17,7 +17,7 @@
    head's output is a line of its own, and its stores had waited on reading it first. The plain 28x28 ViT's
    attention alone (256 x 4 heads of 50 tokens, one layer on 2 threads) ran its backward 1.03-1.05x and its
    forward 1.00-1.04x; ViT-S/16's (32 x 6 heads of 197) stayed within 1% either way (Zen 4;
-   benchmarks/ab_native_build.py --attention).
+   docs/performance.md).
 
    The driver names the next head (touch_next) and, before starting it, issues whatever was not yet
    fetched (touch_rest); a head function says how many steps it will take (touch_plan, which returns the

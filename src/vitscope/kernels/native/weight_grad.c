@@ -2,7 +2,7 @@
    (O·I at most 65536: the plain 28x28 ViT's and the quick preset's layers), in AVX512-BF16.
 
    oneDNN reads both operands across rows for this product and ran the plain ViT's four at 84-89% of
-   its own matmul peak at M = 12800 on a Zen 4 EPYC, against 93-96% here (benchmarks/ab_weight_grad.py).
+   its own matmul peak at M = 12800 on a Zen 4 EPYC, against 93-96% here (docs/performance.md).
    Each thread takes a contiguous share of the M rows (the sum) and keeps its own float32 (O, I) sums,
    at most 256 KB, in cache; its rows go by in chunks of KC, each chunk's g and x packed into pairs of
    rows interleaved element by element (the dword pairs vdpbf16ps multiplies and adds), so a 4 x 64
@@ -14,8 +14,8 @@
    packing had waited on them (about 14% of the kernel's samples in a training step's profile). With that, and
    chunks of 128 rows instead of 256 (the packed chunk, the next one's rows and the sums share L2), the
    plain ViT's four shapes went from 382-399 to 396-413 GFLOP/s alone on 2 threads at M = 12800 (Zen 4; the
-   CPU's vdpbf16ps peak is 445-469; benchmarks/ab_weight_grad.py), and its training step 1.03x
-   (benchmarks/ab_native_build.py). */
+   CPU's vdpbf16ps peak is 445-469; docs/performance.md), and its training step 1.03x
+   (docs/performance.md). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
