@@ -146,3 +146,14 @@ def test_average_pooled_encoders_give_normalised_tokens():
         memory = model.encode(images())
     assert memory.shape == (3, 4, 16)
     assert VOCAB == model.decoder.vocab_size
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_weight_decay_only_on_matrices(kind):
+    model = tiny(kind)
+    decay, no_decay = model.param_groups(0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert all(model.get_parameter(n).ndim >= 2 for n in decayed)
+    assert not decayed & model.no_weight_decay() and "encoder.pos_embed" in model.no_weight_decay()
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))

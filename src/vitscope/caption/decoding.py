@@ -35,6 +35,9 @@ from vitscope.caption.vocab import BOS, EOS, PAD, Vocabulary
 
 
 class StepModel(Protocol):
+    """A captioner as decoding sees it. Its state has `tokens` (R, t), the tokens fed so far;
+    `num_prefix_tokens` and `grid` say how the memory's tokens lie on the image."""
+
     max_len: int
 
     def encode(self, images: Tensor) -> Tensor: ...

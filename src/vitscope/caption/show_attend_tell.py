@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import AdditiveAttention
-from vitscope.caption.transformer import EncoderSpec, build_encoder, encode_tokens
+from vitscope.caption.transformer import EncoderSpec, build_encoder, encode_tokens, param_groups
 from vitscope.caption.vocab import PAD
 
 
@@ -88,6 +88,12 @@ class ShowAttendTell(nn.Module):
         self.max_len = config.max_len
         self.num_prefix_tokens = self.encoder.num_prefix_tokens
         self.grid = self.encoder.patch_embed.grid_size
+
+    def no_weight_decay(self) -> set[str]:
+        return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"embed.weight"}
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        return param_groups(self, weight_decay)
 
     def encode(self, images: Tensor) -> Tensor:
         return encode_tokens(self.encoder, images)  # (B, N, De)

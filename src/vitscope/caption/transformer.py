@@ -53,6 +53,17 @@ def encode_tokens(encoder: VisionTransformer, images: Tensor) -> Tensor:
     return x
 
 
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups as the ViT's: decay on matrices only, never on norms, biases, or what the model
+    lists in `no_weight_decay()` (tokens, position tables, word embeddings)."""
+    skip = model.no_weight_decay()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 @dataclass
 class EncoderSpec:
     """Which ViT encodes the image: a preset name, overrides of its config, pretrained weights."""
@@ -112,6 +123,13 @@ class TransformerCaptioner(nn.Module):
         self.grid = self.encoder.patch_embed.grid_size  # (gh, gw) of the image tokens after the prefix
 
     # -- training --------------------------------------------------------------------------------------
+    def no_weight_decay(self) -> set[str]:
+        return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {
+            "decoder.token_embed.weight", "decoder.pos_embed.weight"}
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        return param_groups(self, weight_decay)
+
     def encode(self, images: Tensor) -> Tensor:
         return encode_tokens(self.encoder, images)  # (B, N, De)
 
