@@ -196,8 +196,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
     if cfg.amp not in ("auto", "bf16", "fp32"):
         raise ValueError(f"amp must be 'auto', 'bf16' or 'fp32', got {cfg.amp!r}")
     _finite("lr", cfg.lr, low=0, low_open=True)
-    _finite("min_lr", cfg.min_lr, low=0, high=cfg.lr if math.isfinite(cfg.lr) else math.inf,
-            unit=" (at most lr)")
+    _finite("min_lr", cfg.min_lr, low=0)
     _finite("weight_decay", cfg.weight_decay, low=0)
     _finite("warmup_epochs", cfg.warmup_epochs, low=0)
     _finite("label_smoothing", cfg.label_smoothing, low=0, high=1, high_open=True)
