@@ -136,12 +136,14 @@ class TransformerDecoder(nn.Module):
         padding_mask: Tensor | None = None,
         context_padding_mask: Tensor | None = None,
         caches: Caches | None = None,
-    ) -> Tensor:
+        return_weights: bool = False,
+    ):
         """tokens (B, T) int64, context (B, M, Dc) -> logits (B, T, vocab_size).
 
         `padding_mask` (B, past + T) and `context_padding_mask` (B, M) are True at pad positions.
         With `caches` (from `new_caches`), `tokens` are only the new ones: their positions start
-        at the number of tokens already cached.
+        at the number of tokens already cached. With `return_weights` also returns every block's
+        cross-attention weights, (B, T, L, H, M): what each new token looked at in the context.
         """
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (B, T) token ids, got shape {tuple(tokens.shape)}")
@@ -153,10 +155,17 @@ class TransformerDecoder(nn.Module):
                              f"{past} cached + {tokens.shape[1]} new tokens; pass it for all of them")
         mask, context_mask = _keep_mask(padding_mask), _keep_mask(context_padding_mask)
         x = self.drop(self.pos_embed(self.token_embed(tokens), offset=past))  # (B, T, D)
+        cross = []
         for i, block in enumerate(self.blocks):
             x = block(x, context, mask=mask, context_mask=context_mask,
-                      caches=caches[i] if caches is not None else None)
-        return self.head(self.norm(x))  # (B, T, V)
+                      caches=caches[i] if caches is not None else None, return_weights=return_weights)
+            if return_weights:
+                x, _, w = x
+                cross.append(w)  # (B, H, T, M)
+        logits = self.head(self.norm(x))  # (B, T, V)
+        if not return_weights:
+            return logits
+        return logits, torch.stack(cross, 2).transpose(1, 3)  # (B, H, L, T, M) -> (B, T, L, H, M)
 
 
 @torch.no_grad()

@@ -25,10 +25,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
-from vitscope.attention import KVCache, key_padding_mask
+from vitscope.attention import KVCache
 from vitscope.caption.vocab import PAD
 from vitscope.decoder import Caches, TransformerDecoder
 from vitscope.models import create_model
@@ -149,22 +148,12 @@ class TransformerCaptioner(nn.Module):
     def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
         return self.losses(images, tokens, memory_padding=memory_padding)["loss"]
 
-    # -- the decoder with every block's cross-attention weights --------------------------------------------
     def decode_with_attention(self, tokens: Tensor, memory: Tensor, *, caches: Caches | None = None,
                               memory_padding: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """TransformerDecoder.forward that also returns the cross-attention:
-        tokens (R, T) (only the new ones with `caches`) -> logits (R, T, V), weights (R, T, L, H, N)."""
-        d = self.decoder
-        past = len(caches[0][0]) if caches else 0
-        x = d.drop(d.pos_embed(d.token_embed(tokens), offset=past))  # (R, T, D)
-        context_mask = None if memory_padding is None else key_padding_mask(padded=memory_padding)
-        cross = []
-        for i, block in enumerate(d.blocks):
-            x, _, w = block(x, memory, context_mask=context_mask, caches=caches[i] if caches else None,
+        """The decoder with every block's cross-attention: tokens (R, T) (only the new ones with
+        `caches`) -> logits (R, T, V), weights (R, T, L, H, N)."""
+        return self.decoder(tokens, memory, context_padding_mask=memory_padding, caches=caches,
                             return_weights=True)
-            cross.append(w)  # (R, H, T, N)
-        weights = rearrange(torch.stack(cross), "l r h t n -> r t l h n")
-        return d.head(d.norm(x)), weights
 
     # -- the step interface (vitscope.caption.decoding) -------------------------------------------------
     def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
