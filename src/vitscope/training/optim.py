@@ -41,13 +41,20 @@ def matrix_view(p: Tensor) -> tuple[Tensor, bool]:
                      f"make it contiguous or channels-last")
 
 
+def is_head(name: str) -> bool:
+    """An output layer: the classifier's `head.weight`, or a submodule's (the captioner's `decoder.head.weight`,
+    which reads out the vocabulary the way a classifier reads out its classes)."""
+    return name == "head.weight" or name.endswith(".head.weight")
+
+
 def muon_param_names(model: nn.Module) -> list[str]:
     """The hidden weight matrices: every weight of 2 or more dimensions except the first layer (it reads
-    pixels), the head and what the model lists in `no_weight_decay()` (tokens, position tables)."""
+    pixels), the output layers (`is_head`) and what the model lists in `no_weight_decay()` (tokens,
+    position tables, word embeddings)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
-    skip = set(getattr(model, "no_weight_decay", set)()) | {"head.weight"}
+    skip = set(getattr(model, "no_weight_decay", set)())
     first = next((n for n, p in named if n not in skip), None)  # registration order: input side first
-    return [n for n, _ in named if n not in skip and n != first]
+    return [n for n, _ in named if n not in skip and n != first and not is_head(n)]
 
 
 class MuonWithAdamW:
