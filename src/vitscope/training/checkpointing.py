@@ -75,6 +75,31 @@ class Checkpoint:
         return f"step {self.step} ({' + '.join(names)})"
 
 
+@dataclass
+class Progress:
+    """Where a run is: what a checkpoint saves besides the weights and the optimizer (the data position is
+    the step: every epoch's order comes from (seed, epoch))."""
+
+    step: int = 0
+    best_acc: float = 0.0
+    train_time_s: float = 0.0
+    seen: int = 0
+    # the running epoch's training loss and accuracy so far, so a resumed epoch reports the same numbers
+    epoch_loss_sum: float = 0.0
+    epoch_correct: int = 0
+    epoch_count: int = 0
+
+    def to_state(self) -> dict:
+        return {"step": self.step, "best_acc": self.best_acc, "train_time_s": self.train_time_s, "seen": self.seen,
+                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count]}
+
+    @classmethod
+    def from_state(cls, s: dict) -> Progress:
+        sums = s.get("epoch_sums", [0.0, 0, 0])  # runs saved before these were kept start the epoch's sums at 0
+        return cls(int(s["step"]), float(s["best_acc"]), float(s["train_time_s"]), int(s["seen"]),
+                   float(sums[0]), int(sums[1]), int(sums[2]))
+
+
 def stamp(step: int) -> str:
     return f"step-{step:08d}"
 

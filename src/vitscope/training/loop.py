@@ -18,7 +18,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,24 +25,24 @@ from tqdm.auto import tqdm
 
 from vitscope import kernels
 from vitscope.data import ImageDataset, load_dataset
-from vitscope.data.transforms import TrainTransform, eval_transform, tta_views
+from vitscope.data.transforms import TrainTransform
 from vitscope.kernels import allocator, bf16
 from vitscope.models import create_model
 from vitscope.training import distributed as D
 from vitscope.training.checkpointing import (
-    LAST,
     Checkpoint,
+    Progress,
     find_checkpoint,
-    link_last,
     load_checkpoint,
     load_weights_alone,
     save_checkpoint,
 )
 from vitscope.training.config import TrainConfig
+from vitscope.training.evaluation import evaluate, write_report
 from vitscope.training.optim import build_optimizer
-from vitscope.training.run_dir import RunLock, check_target, clean_stale, clear_run, cut_metrics
+from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.weights import pretrained
-from vitscope.weights.checkpoints import atomic_write, save_model
+from vitscope.weights.checkpoints import save_model
 
 __all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]
 
@@ -114,40 +113,6 @@ def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
     return torch.randperm(n, generator=g)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int = 1000, bf16: bool = False,
-             device: torch.device | None = None, info: D.DistInfo | None = None, flip: bool = False,
-             shift: int = 0) -> dict:
-    """Loss, accuracy and confusion matrix over `data` (sharded over ranks, summed).
-
-    Test-time augmentation, the logits of the views averaged (data.transforms.tta_views): `flip` adds
-    each image's mirror image, `shift` the image moved that many pixels each way along each axis.
-    """
-    device = device or torch.device("cpu")
-    info = info or D.DistInfo()
-    model.eval()
-    k = len(data.classes)
-    conf = torch.zeros(k, k, dtype=torch.int64)
-    loss_sum = torch.zeros(1, dtype=torch.float64)
-    views = []
-    idx = torch.arange(info.rank, len(data), info.world_size)
-    for s in range(0, len(idx), batch_size):
-        b = idx[s : s + batch_size]
-        x = eval_transform(data.images[b], mean, std).to(device)
-        y = data.labels[b]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            views = [model(v).float() for v in tta_views(x, flip=flip, shift_px=shift)]
-            logits = torch.stack(views).mean(0)
-        logits = logits.cpu()
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
-        conf += torch.bincount(y * k + logits.argmax(1), minlength=k * k).view(k, k)
-    D.all_reduce_sum(conf, info)
-    D.all_reduce_sum(loss_sum, info)
-    n = int(conf.sum())
-    return {"loss": float(loss_sum) / n, "acc": float(conf.diag().sum()) / n, "confusion": conf.numpy(),
-            "views": len(views)}
-
-
 class _Stopper:
     """SIGINT/SIGTERM raise a flag; the loop saves a checkpoint at the next step and exits."""
 
@@ -178,32 +143,7 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
         torch._foreach_lerp_(e, m, 1 - decay)
 
 
-# -- the state that a checkpoint carries -------------------------------------------------------------
-@dataclass
-class Progress:
-    """Where a run is: what a checkpoint saves besides the weights and the optimizer (the data position is
-    the step: every epoch's order comes from (seed, epoch))."""
-
-    step: int = 0
-    best_acc: float = 0.0
-    train_time_s: float = 0.0
-    seen: int = 0
-    # the running epoch's training loss and accuracy so far, so a resumed epoch reports the same numbers
-    epoch_loss_sum: float = 0.0
-    epoch_correct: int = 0
-    epoch_count: int = 0
-
-    def to_state(self) -> dict:
-        return {"step": self.step, "best_acc": self.best_acc, "train_time_s": self.train_time_s, "seen": self.seen,
-                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count]}
-
-    @classmethod
-    def from_state(cls, s: dict) -> Progress:
-        sums = s.get("epoch_sums", [0.0, 0, 0])  # runs saved before these were kept start the epoch's sums at 0
-        return cls(int(s["step"]), float(s["best_acc"]), float(s["train_time_s"]), int(s["seen"]),
-                   float(sums[0]), int(sums[1]), int(sums[2]))
-
-
+# -- setting up ---------------------------------------------------------------------------------
 @dataclass
 class Setup:
     """What a training needs besides its config: the data and the model, built before the run directory
@@ -307,7 +247,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
             gen = torch.Generator().manual_seed(cfg.seed)
             at = _restore(cfg, s, found, gen, run_dir, info)
             if info.is_main:
-                _take(run_dir, held, cfg, found, overwrite)
+                take(run_dir, held, cfg.to_dict(), found, overwrite=overwrite)
                 if found is not None:
                     print(f"resuming {run_dir} from {found.describe()}"
                           + (": the weights alone, optimizer and random state afresh" if found.state is None else ""),
@@ -315,25 +255,6 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
             return _run(cfg, s, at, gen, run_dir, info, found, progress=progress, max_steps=max_steps)
     finally:
         D.teardown(info)
-
-
-def _take(run_dir: Path, held: ExitStack, cfg: TrainConfig, found: Checkpoint | None, overwrite: bool) -> None:
-    """Make `run_dir` this training's, now that it can start: locked, tidied after a crash, and for a new run
-    holding its config (and no earlier run's files, with `overwrite`)."""
-    if found is not None:  # locked since the start
-        clean_stale(run_dir, keep_step=found.step)
-        cut_metrics(run_dir / "metrics.jsonl", found.step)
-        if found.state is not None and found.weights.name != LAST:
-            link_last(found)
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    held.enter_context(RunLock(run_dir))
-    if overwrite:
-        clear_run(run_dir)
-    else:
-        check_target(run_dir, resume=False, overwrite=False)  # another training may have got there first
-    clean_stale(run_dir, keep_step=None)
-    atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(cfg.to_dict(), indent=2)))
 
 
 def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir: Path, info: D.DistInfo,
@@ -470,7 +391,7 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
     result = TrainResult(run_dir, final["acc"], max(at.best_acc, final["acc"]), at.train_time_s,
                          at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, stopped)
     if info.is_main and stopped == "finished" and at.step >= total:
-        _finish(run_dir, cfg, model, result, final, train_set, eval_set, transform)
+        write_report(run_dir, cfg, model, result, final, eval_set, transform)
     return result
 
 
@@ -482,39 +403,3 @@ def _non_finite(value: float, step: int, epoch: int, cfg: TrainConfig, run_dir: 
                 f"nothing was kept. Try {again} --out {run_dir} --overwrite")
     return (f"loss became {value} at step {step} (epoch {epoch + 1}); the run stopped, and {run_dir} keeps its last "
             f"good checkpoint, {last.describe()}. Try {again} --out NEW_DIR")
-
-
-def _finish(run_dir: Path, cfg: TrainConfig, model: nn.Module, result: TrainResult, final: dict,
-            train_set: ImageDataset, eval_set: ImageDataset, transform: TrainTransform) -> None:
-    """Pictures and the summary of a finished run."""
-    import platform
-
-    from vitscope.training.curves import plot_confusion, plot_curves, read_metrics
-
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    plot_curves(rows, run_dir / "curves.png", title=f"{cfg.model} on {cfg.dataset}")
-    plot_confusion(final["confusion"], eval_set.classes, run_dir / "confusion.png",
-                   title=f"{cfg.model}: test accuracy {100 * final['acc']:.2f}%")
-    conf = final["confusion"]
-    per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(eval_set.classes)}
-    summary = {
-        "model": cfg.model, "dataset": cfg.dataset, "test_acc": result.test_acc, "best_test_acc": result.best_acc,
-        "per_class_acc": per_class, "train_time_s": round(result.train_time_s, 1),
-        "images_per_s": round(result.images_per_s, 1), "parameters": model.num_params(),
-        "epochs": cfg.epochs, "seed": cfg.seed,
-        "test_views": final["views"],
-        "last_epoch_test_acc": next((r["test_acc"] for r in reversed(rows) if "test_acc" in r), None),
-        "versions": {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "malloc_mmap_threshold": allocator.applied()},
-    }
-    atomic_write(run_dir / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))
-    if cfg.explain_images:
-        try:
-            from vitscope.inspect.explorer import write_explorer
-        except ImportError:
-            return
-        n = min(cfg.explain_images, len(eval_set))
-        images = eval_set.images[:n]
-        write_explorer(model.eval(), images, run_dir / "explorer.html", labels=eval_set.labels[:n].tolist(),
-                       class_names=eval_set.classes, mean=transform.mean, std=transform.std)

@@ -4,6 +4,7 @@
   resuming it or told to overwrite it), into a file, or where nothing can be written.
 - `RunLock` keeps a second training out while one runs there; the lock file names the holder's
   process. It is an advisory `flock`, so a killed process holds it no longer.
+- `take` makes the directory the training's once it can start: locked, tidied, its config written.
 - `clean_stale` removes what a killed run left behind: `.*.tmp` files and uncommitted checkpoint files.
 - `cut_metrics` drops the metric rows past the checkpoint a run resumes from, so no epoch is twice.
 """
@@ -14,9 +15,18 @@ import errno
 import json
 import os
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
-from vitscope.training.checkpointing import LAST, LEGACY_EMA, LEGACY_STATE, MANIFEST, remove_other_steps
+from vitscope.training.checkpointing import (
+    LAST,
+    LEGACY_EMA,
+    LEGACY_STATE,
+    MANIFEST,
+    Checkpoint,
+    link_last,
+    remove_other_steps,
+)
 from vitscope.weights.checkpoints import atomic_write
 
 LOCK = ".vitscope.lock"
@@ -147,6 +157,25 @@ def _read_pid(fd: int) -> int | None:
         return int(text) if text else None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def take(run_dir: Path, held: ExitStack, config: dict, found: Checkpoint | None, *, overwrite: bool) -> None:
+    """Make `run_dir` this training's, now that it can start: locked, tidied after a crash, and for a new run
+    holding its config (and no earlier run's files, with `overwrite`)."""
+    if found is not None:  # locked since the start
+        clean_stale(run_dir, keep_step=found.step)
+        cut_metrics(run_dir / "metrics.jsonl", found.step)
+        if found.state is not None and found.weights.name != LAST:
+            link_last(found)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    held.enter_context(RunLock(run_dir))
+    if overwrite:
+        clear_run(run_dir)
+    else:
+        check_target(run_dir, resume=False, overwrite=False)  # another training may have got there first
+    clean_stale(run_dir, keep_step=None)
+    atomic_write(run_dir / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2)))
 
 
 def clean_stale(run_dir: Path, *, keep_step: int | None) -> list[Path]:
