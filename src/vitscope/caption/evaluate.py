@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.decoding import decode
 from vitscope.caption.metrics import attention_grounding, score_captions
 from vitscope.caption.scenes import exact_match, item_accuracy
-from vitscope.caption.vocab import Vocabulary
+from vitscope.caption.vocab import PAD, Vocabulary
 
 
 @dataclass
@@ -29,26 +30,40 @@ class CaptionEvaluation:
     captions: list[list[str]]  # the generated words, per image
 
 
+@torch.no_grad()
 def evaluate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, mean: Sequence[float],
                       std: Sequence[float], beam: int = 1, batch_size: int = 64, max_len: int | None = None,
                       length_penalty: float = 0.0, no_repeat_ngram_size: int = 0,
-                      device: torch.device | str | None = None) -> CaptionEvaluation:
+                      device: torch.device | str | None = None, bf16: bool = False) -> CaptionEvaluation:
     """Decode `dataset` (uint8 images, normalised here with the TRAINING mean/std) and score it.
-    Put the model in eval mode first. Metrics carry the decoding settings ('beam', ...)."""
+    Put the model in eval mode first. Metrics carry the decoding settings ('beam', ...) and 'loss', the
+    teacher-forced cross-entropy of every reference (cut to the decoder's positions)."""
     from vitscope.data import normalize
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
     words: list[list[str]] = []
     hits_head = hits_layer = None
     hits_mean, counted = 0.0, 0
+    xent_sum, xent_count = 0.0, 0
     for start in range(0, len(dataset), batch_size):
         images = normalize(dataset.images[start:start + batch_size].to(device), mean, std)
-        out = decode(model, images, beam=beam, max_len=max_len, length_penalty=length_penalty,
-                     no_repeat_ngram_size=no_repeat_ngram_size)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            memory = model.encode(images)  # (b, N, De), shared by the decoding and the loss
+            part = dataset.subset(range(start, min(start + batch_size, len(dataset))))
+            index, tokens = part.pairs(vocab, max_len=model.max_len)
+            out = model.teacher_forced(memory.index_select(0, index.to(device)), tokens.to(device))
+            logits = out[0] if isinstance(out, tuple) else out  # the LSTM also returns its alignments
+            targets = tokens[:, 1:].to(device)
+            xent_sum += float(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
+                                              reduction="sum"))
+            xent_count += int((targets != PAD).sum())
+            out = decode(model, memory=memory, beam=beam, max_len=max_len, length_penalty=length_penalty,
+                         no_repeat_ngram_size=no_repeat_ngram_size)
         batch_words = out.words(vocab)
         words += batch_words
         if dataset.scenes is not None:
-            g = attention_grounding(batch_words, [a[: int(n)].cpu() for a, n in zip(out.attention, out.lengths)],
+            maps = [a[: int(n)].float().cpu() for a, n in zip(out.attention, out.lengths)]
+            g = attention_grounding(batch_words, maps,
                                     dataset.scenes[start:start + batch_size], grid=tuple(model.grid),
                                     image_size=tuple(dataset.images.shape[-2:]),
                                     num_prefix_tokens=model.num_prefix_tokens)
@@ -58,6 +73,7 @@ def evaluate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, mean
                 hits_mean += g.mean * g.count
                 counted += g.count
     metrics = score_captions(words, dataset.tokenized())
+    metrics["loss"] = xent_sum / max(xent_count, 1)
     if dataset.scenes is not None:
         metrics["item_accuracy"] = item_accuracy(words, dataset.scenes)
         metrics["exact_match"] = exact_match(words, dataset.scenes)

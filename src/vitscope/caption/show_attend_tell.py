@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import AdditiveAttention
-from vitscope.caption.transformer import EncoderSpec, build_encoder, encode_tokens, param_groups
+from vitscope.caption.transformer import EncoderSpec, build_encoder, encode_tokens, param_groups, token_counts
 from vitscope.caption.vocab import PAD
 
 
@@ -118,7 +118,10 @@ class ShowAttendTell(nn.Module):
     # -- training --------------------------------------------------------------------------------------
     def forward(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None):
         """Teacher forcing: tokens (B, T) -> logits (B, T-1, V), alphas (B, T-1, N)."""
-        memory = self.encode(images)
+        return self.teacher_forced(self.encode(images), tokens, memory_padding=memory_padding)
+
+    def teacher_forced(self, memory: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None):
+        """`forward` from an encoded memory (B, N, De)."""
         keep = None if memory_padding is None else ~memory_padding
         h, c = self._initial(memory, keep)
         logits, alphas = [], []
@@ -129,7 +132,8 @@ class ShowAttendTell(nn.Module):
         return torch.stack(logits, 1), torch.stack(alphas, 1)
 
     def losses(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> dict[str, Tensor]:
-        """{'loss': xent + reg, 'xent': mean over real targets, 'attention_reg': lambda * mean over images}."""
+        """{'loss': xent + reg, 'xent': mean over real targets, 'attention_reg': lambda * mean over images,
+        'correct', 'targets': the real targets the argmax gets right, and the real targets}."""
         logits, alphas = self(images, tokens, memory_padding=memory_padding)
         targets = tokens[:, 1:]
         xent = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
@@ -140,7 +144,7 @@ class ShowAttendTell(nn.Module):
         if memory_padding is not None:
             gap = gap.masked_fill(memory_padding, 0.0)
         reg = self.config.attention_reg * gap.sum(1).mean()
-        return {"loss": xent + reg, "xent": xent, "attention_reg": reg}
+        return {"loss": xent + reg, "xent": xent, "attention_reg": reg, **token_counts(logits, tokens)}
 
     def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
         return self.losses(images, tokens, memory_padding=memory_padding)["loss"]

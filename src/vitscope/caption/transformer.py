@@ -63,6 +63,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+@torch.no_grad()
+def token_counts(logits: Tensor, tokens: Tensor) -> dict[str, Tensor]:
+    """Teacher-forced logits (B, T-1, V) against tokens (B, T): {'correct': the real targets the argmax
+    gets right, 'targets': the real (not <pad>) targets}, as 0-d int64 tensors."""
+    targets = tokens[:, 1:]
+    real = targets != PAD
+    return {"correct": ((logits.argmax(-1) == targets) & real).sum(), "targets": real.sum()}
+
+
 @dataclass
 class EncoderSpec:
     """Which ViT encodes the image: a preset name, overrides of its config, pretrained weights."""
@@ -135,15 +144,19 @@ class TransformerCaptioner(nn.Module):
     def forward(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
         """Teacher forcing: images (B, C, H, W), tokens (B, T) <bos> ... <eos> <pad>... ->
         logits (B, T-1, V), row t predicting tokens[:, t+1]."""
-        memory = self.encode(images)
+        return self.teacher_forced(self.encode(images), tokens, memory_padding=memory_padding)
+
+    def teacher_forced(self, memory: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
+        """`forward` from an encoded memory (B, N, De): logits (B, T-1, V)."""
         return self.decoder(tokens[:, :-1], memory, context_padding_mask=memory_padding)
 
     def losses(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> dict[str, Tensor]:
-        """{'loss', 'xent'}: mean cross-entropy over the real target tokens (pads ignored)."""
+        """{'loss', 'xent', 'correct', 'targets'}: mean cross-entropy over the real target tokens (pads
+        ignored); the last two count the targets the logits' argmax gets right, and the real targets."""
         logits = self(images, tokens, memory_padding=memory_padding)  # (B, T-1, V)
         xent = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), ignore_index=PAD,
                                label_smoothing=self.config.label_smoothing)
-        return {"loss": xent, "xent": xent}
+        return {"loss": xent, "xent": xent, **token_counts(logits, tokens)}
 
     def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
         return self.losses(images, tokens, memory_padding=memory_padding)["loss"]
