@@ -1,0 +1,225 @@
+"""Hugging Face transformers' ViT in and out, without importing transformers: key maps, config conversion,
+`load_hf` and `export_hf` (also importable from vitscope.weights.checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from vitscope.vit import VisionTransformer, ViTConfig
+from vitscope.weights.checkpoints import (
+    PathLike,
+    StateDict,
+    _few,
+    _load_checked,
+    _load_safetensors,
+    _read_tensors,
+    _torch_load,
+    atomic_write,
+)
+
+# -- key maps --------------------------------------------------------------------
+# Block parameters: (transformers 4 name, transformers 5 name) -> ours. "q"/"k"/"v" are fused into qkv.
+_HF_BLOCK = {
+    ("attention.attention.query", "attention.q_proj"): "q",
+    ("attention.attention.key", "attention.k_proj"): "k",
+    ("attention.attention.value", "attention.v_proj"): "v",
+    ("attention.output.dense", "attention.o_proj"): "attn.proj",
+    ("intermediate.dense", "mlp.fc1"): "mlp.fc1",
+    ("output.dense", "mlp.fc2"): "mlp.fc2",
+    ("layernorm_before", "layernorm_before"): "norm1",
+    ("layernorm_after", "layernorm_after"): "norm2",
+}
+_HF_TOP = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+}
+_HF_BLOCK_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+# transformers' ViTConfig defaults, for config.json files that leave a field out.
+_HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                    hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                    layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
+
+
+def _vit_config_from_hf(c: dict, num_classes: int) -> ViTConfig:
+    c = {**_HF_DEFAULTS, **c}
+    if c.get("model_type", "vit") != "vit":
+        raise ValueError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
+    if c["hidden_act"] != "gelu":
+        raise ValueError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
+                         f"GELU, transformers' 'gelu'")
+    dim, heads = c["hidden_size"], c["num_attention_heads"]
+    if c.get("head_dim") not in (None, dim // heads) or dim % heads:
+        raise ValueError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
+    patch = c["patch_size"]
+    if isinstance(patch, (list, tuple)):
+        if patch[0] != patch[1]:
+            raise ValueError(f"only square patches are supported, got patch_size {patch}")
+        patch = patch[0]
+    mlp_ratio = c["intermediate_size"] / dim
+    if int(dim * mlp_ratio) != c["intermediate_size"]:
+        raise ValueError(f"intermediate_size {c['intermediate_size']} is not representable as "
+                         f"int(hidden_size * mlp_ratio) for hidden_size {dim}")
+    img = c["image_size"]
+    return ViTConfig(
+        img_size=tuple(img) if isinstance(img, (list, tuple)) else img, patch_size=patch,
+        in_chans=c["num_channels"], num_classes=num_classes, embed_dim=dim, depth=c["num_hidden_layers"],
+        num_heads=heads, mlp_ratio=mlp_ratio, qkv_bias=c["qkv_bias"], norm_eps=c["layer_norm_eps"],
+        pos_embed_antialias=False, pos_drop_rate=c["hidden_dropout_prob"],
+        proj_drop_rate=c["hidden_dropout_prob"], attn_drop_rate=c["attention_probs_dropout_prob"],
+    )
+
+
+def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, dict[str, Tensor]]:
+    """Convert a transformers ViTModel / ViTForImageClassification state dict (transformers 4 or 5 key
+    names, with or without the `vit.` prefix) and its config dict into our config and state dict.
+
+    ViTModel's pooler (dense + tanh) has no counterpart here and is dropped; compare its
+    `last_hidden_state` with our `forward_features`.
+    """
+    ours: dict[str, Tensor] = {}
+    qkv: dict[tuple[int, str], dict[str, Tensor]] = {}
+    unknown = []
+    for key, t in state_dict.items():
+        name = key[len("vit."):] if key.startswith("vit.") else key
+        if name.startswith("pooler."):
+            continue
+        if name in _HF_TOP:
+            ours[_HF_TOP[name]] = t
+        elif m := _HF_BLOCK_RE.match(name):
+            i, part, kind = int(m.group(1)), m.group(2), m.group(3)
+            target = next((v for names, v in _HF_BLOCK.items() if part in names), None)
+            if target is None:
+                unknown.append(key)
+            elif target in ("q", "k", "v"):
+                qkv.setdefault((i, kind), {})[target] = t
+            else:
+                ours[f"blocks.{i}.{target}.{kind}"] = t
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"transformers checkpoint has tensors vitscope cannot map: {_few(unknown)}")
+    for (i, kind), parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
+                             f"of query/key/value {kind}")
+        ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    num_classes = ours["head.weight"].shape[0] if "head.weight" in ours else 0
+    if hasattr(hf_config, "to_dict"):  # a transformers ViTConfig object works as well as its dict
+        hf_config = hf_config.to_dict()
+    return _vit_config_from_hf(dict(hf_config), num_classes), ours
+
+
+def _read_hf_folder(folder: Path) -> dict[str, Tensor]:
+    if (folder / "model.safetensors").exists():
+        return _load_safetensors(folder / "model.safetensors")
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        sd: dict[str, Tensor] = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            sd.update(_load_safetensors(folder / shard))
+        return sd
+    if (folder / "pytorch_model.bin").exists():
+        return _torch_load(folder / "pytorch_model.bin")
+    raise FileNotFoundError(f"{folder} has no model.safetensors (or shards, or pytorch_model.bin)")
+
+
+def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None) -> VisionTransformer:
+    """A transformers ViT as a vitscope model (eval mode), without importing transformers.
+
+    `source`: a `save_pretrained` folder (config.json + model.safetensors), a weights file, or a
+    state dict. `config`: the config dict or a config.json path; read from the folder when omitted.
+    """
+    if isinstance(source, Mapping):
+        sd, folder = dict(source), None
+    else:
+        path = Path(source)
+        folder = path if path.is_dir() else path.parent
+        sd = _read_hf_folder(path) if path.is_dir() else _read_tensors(path)
+    if config is None:
+        if folder is None or not (folder / "config.json").exists():
+            raise ValueError("load_hf needs the transformers config: pass config= (a dict or a "
+                             "config.json path)")
+        config = folder / "config.json"
+    if not isinstance(config, Mapping):
+        config = json.loads(Path(config).read_text())
+    cfg, ours = hf_to_vitscope(sd, dict(config))
+    model = VisionTransformer(cfg)
+    return _load_checked(model, ours, "transformers checkpoint").eval()
+
+
+def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] | None = None,
+              layout: Literal["checkpoint", "module"] = "checkpoint") -> Path:
+    """Write `config.json` + `model.safetensors` that `ViTForImageClassification.from_pretrained` loads.
+
+    layout "checkpoint" uses the key names transformers' `save_pretrained` writes (the classic
+    `vit.encoder.layer.{i}.attention.attention.query` ones, read by transformers 4 and 5); "module"
+    uses transformers 5's module names (`vit.layers.{i}.attention.q_proj`).
+
+    At the trained image size the outputs are ours exactly. At other sizes transformers'
+    `interpolate_pos_encoding` resamples the table with plain bicubic, timm (our default) with
+    antialiased bicubic; build the model with `pos_embed_antialias=False` to agree there as well.
+    """
+    cfg = model.config
+    problems = [why for bad, why in [
+        (not cfg.class_token or cfg.global_pool != "token", "it needs a class token and token pooling"),
+        (cfg.pos_embed != "learn", f"pos_embed={cfg.pos_embed!r} (transformers has learned tables only)"),
+        (bool(cfg.stem), "a conv stem"), (cfg.init_values is not None, "layer scale"),
+        (cfg.qk_norm, "qk_norm"), (not isinstance(model.fc_norm, torch.nn.Identity), "fc_norm"),
+        (cfg.num_classes <= 0, "no classifier head (num_classes=0)"),
+    ] if bad]
+    if problems:
+        raise ValueError("this model cannot be exported to transformers' ViT: " + "; ".join(problems))
+    if labels is not None and len(labels) != cfg.num_classes:
+        raise ValueError(f"{len(labels)} labels given for a {cfg.num_classes}-class head")
+    labels = labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
+    d, hidden = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
+    img = list(cfg.img_size) if isinstance(cfg.img_size, tuple) else cfg.img_size
+    hf_config = {
+        "architectures": ["ViTForImageClassification"], "model_type": "vit",
+        "hidden_size": d, "num_hidden_layers": cfg.depth, "num_attention_heads": cfg.num_heads,
+        "intermediate_size": hidden, "hidden_act": "gelu", "hidden_dropout_prob": cfg.proj_drop_rate,
+        "attention_probs_dropout_prob": cfg.attn_drop_rate, "initializer_range": 0.02,
+        "layer_norm_eps": cfg.norm_eps, "image_size": img, "patch_size": cfg.patch_size,
+        "num_channels": cfg.in_chans, "qkv_bias": cfg.qkv_bias, "encoder_stride": cfg.patch_size,
+        "pooler_output_size": d, "pooler_act": "tanh",
+        "id2label": {str(i): name for i, name in enumerate(labels)},
+        "label2id": {name: i for i, name in enumerate(labels)},
+    }
+    top = {v: k for k, v in _HF_TOP.items()}
+    v5 = layout == "module"
+    block_names = {v: names[1] if v5 else names[0] for names, v in _HF_BLOCK.items()}
+    out: dict[str, Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous()
+        if name in top:
+            hf_name = top[name]
+            out[hf_name if hf_name.startswith("classifier.") else "vit." + hf_name] = t
+            continue
+        m = re.match(r"^blocks\.(\d+)\.(.+)\.(weight|bias)$", name)
+        if m is None:
+            raise ValueError(f"no transformers name for {name!r}")
+        i, part, kind = m.groups()
+        prefix = f"vit.layers.{i}." if v5 else f"vit.encoder.layer.{i}."
+        if part == "attn.qkv":
+            for which, chunk in zip("qkv", t.chunk(3, dim=0)):
+                out[f"{prefix}{block_names[which]}.{kind}"] = chunk.contiguous()
+        else:
+            out[f"{prefix}{block_names[part]}.{kind}"] = t
+    folder = Path(folder)
+    atomic_write(folder / "model.safetensors", lambda tmp: save_file(out, tmp, metadata={"format": "pt"}))
+    atomic_write(folder / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(hf_config, indent=2)))
+    return folder
