@@ -1,4 +1,5 @@
-"""`vitscope train | eval | predict | explain | bench | data | models`: one parser and one run function each.
+"""`vitscope train | eval | predict | explain | bench | data | models`: one parser and one run function each
+(train, data and models here; eval, predict, explain and bench in their own modules).
 
 Errors a user can fix (a wrong flag value, a missing file, a mismatched checkpoint) print one line
 and exit with code 2; `--debug` shows the traceback instead.
@@ -115,7 +116,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
                                 default=None, metavar="none|" + kind.__name__ if optional else None, help=text)
 
 
-# -- train -------------------------------------------------------------------------------------------
+# -- what several sub-commands share ------------------------------------------------------------------
 def add_kernels_flag(parser: argparse.ArgumentParser) -> None:
     """--no-kernels: PyTorch's ops alone, for a command that otherwise swaps vitscope's CPU kernels in."""
     parser.add_argument("--no-kernels", action="store_true",
@@ -123,6 +124,24 @@ def add_kernels_flag(parser: argparse.ArgumentParser) -> None:
                              "the C kernels from loading at all)")
 
 
+def check_out_dir(path: Path) -> Path:
+    """Before any work: `path` can be an output folder (no file in its place, somewhere writable)."""
+    from vitscope.training.run_dir import RunDirError, _not_a_file, probe_writable
+
+    try:
+        _not_a_file(path)
+        probe_writable(path)
+    except RunDirError as e:
+        raise UsageError(str(e)) from None
+    return path
+
+
+def listed(names, most: int = 4) -> str:
+    names = list(names)
+    return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
+
+
+# -- train -------------------------------------------------------------------------------------------
 def add_train_parser(sub) -> None:
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig
@@ -238,190 +257,6 @@ def run_train(args) -> int:
     return 0
 
 
-# -- eval --------------------------------------------------------------------------------------------
-def add_eval_parser(sub) -> None:
-    p = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint",
-                       description="Evaluate a run or checkpoint on a dataset split.")
-    p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
-                                      "with pretrained weights (e.g. vit_small_patch16_224)")
-    p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
-    p.add_argument("--data-dir", help="where the dataset's files are (default: where the run read them)")
-    p.add_argument("--split", help="the split evaluated (default: the one the run evaluated on, else test)")
-    p.add_argument("--batch-size", type=at_least(1), default=500, help="images a forward (default: 500)")
-    p.add_argument("--flip", action="store_true",
-                   help="test-time augmentation: average the logits of each image and its mirror image "
-                        "(runs trained with eval_flip, like the fmnist_best preset, report this accuracy)")
-    p.add_argument("--shift", type=at_least(0), default=0, metavar="PX",
-                   help="test-time augmentation: also average each image moved PX pixels left, right, up and "
-                        "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
-    p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_kernels_flag(p)
-    p.set_defaults(run=run_eval)
-
-
-def run_eval(args) -> int:
-    import torch
-
-    from vitscope.training.loop import evaluate
-    from vitscope.weights.model_source import load_data, open_model
-
-    out = check_out_dir(args.out) if args.out else None
-    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
-    name = args.dataset or info.dataset
-    if not name:
-        raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
-    data, split = load_data(model, info, name, args.split, args.data_dir)
-    if model.num_classes != len(data.classes):
-        raise UsageError(f"the model has {model.num_classes} outputs but {name} has {len(data.classes)} classes: "
-                         f"evaluate it on the data it was trained on (fine-tune it first: vitscope train "
-                         f"--pretrained true, or --config)")
-    _check_images_fit(model, data.images)
-    if info.named_classes and list(info.classes) != list(data.classes):
-        raise UsageError(f"the checkpoint's classes ({_listed(info.classes)}, from {info.dataset or 'its run'}) "
-                         f"are not {name}'s ({_listed(data.classes)}): its accuracy there would mean nothing; "
-                         f"evaluate on the data it was trained on, with the same class folders")
-    res = evaluate(model, data, info.mean, info.std, batch_size=args.batch_size,
-                   device=torch.device("cpu"), flip=args.flip, shift=args.shift)
-    conf = res["confusion"]
-    per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
-    summary = {"checkpoint": info.source, "dataset": name, "split": split, "flip": args.flip,
-               "shift": args.shift, "n": int(conf.sum()),
-               "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
-               "confusion": conf.tolist()}
-    if out is not None:
-        from vitscope.training.curves import plot_confusion
-
-        out.mkdir(parents=True, exist_ok=True)
-        plot_confusion(conf, data.classes, out / "confusion.png", title=f"accuracy {100 * res['acc']:.2f}%")
-        (out / "eval.json").write_text(json.dumps(summary, indent=2))
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{name} {split}: {summary['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
-        width = max(len(c) for c in data.classes)
-        for c, acc in per_class.items():
-            print(f"  {c:<{width}}  {100 * acc:6.2f}%")
-    return 0
-
-
-def check_out_dir(path: Path) -> Path:
-    """Before any work: `path` can be an output folder (no file in its place, somewhere writable)."""
-    from vitscope.training.run_dir import RunDirError, _not_a_file, probe_writable
-
-    try:
-        _not_a_file(path)
-        probe_writable(path)
-    except RunDirError as e:
-        raise UsageError(str(e)) from None
-    return path
-
-
-def _listed(names, most: int = 4) -> str:
-    names = list(names)
-    return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
-
-
-def _check_images_fit(model, images) -> None:
-    c = images.shape[1]
-    if c != model.config.in_chans:
-        raise UsageError(f"the model takes {model.config.in_chans}-channel images but the data has {c}")
-    h, w = images.shape[-2:]
-    p = model.config.patch_size
-    if h % p or w % p:
-        raise UsageError(f"images of {h}x{w} cannot be cut into {p}x{p} patches; pass --image-size "
-                         f"as a multiple of {p}")
-
-
-# -- predict -----------------------------------------------------------------------------------------
-def add_predict_parser(sub) -> None:
-    p = sub.add_parser("predict", help="top-k labels for image files or a folder",
-                       description="Predict labels for image files (PNG, JPEG, ...) or every image in a folder.")
-    p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
-                                      "with pretrained weights (e.g. vit_small_patch16_224)")
-    p.add_argument("images", nargs="+", type=Path, help="image files or folders")
-    p.add_argument("--top-k", type=at_least(1), default=3,
-                   help="labels shown per image, most likely first (default: 3)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_kernels_flag(p)
-    p.set_defaults(run=run_predict)
-
-
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-
-
-def _image_files(paths: list[Path]) -> list[Path]:
-    files = []
-    for p in paths:
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UsageError(f"no image file or folder at {p}")
-    if not files:
-        raise UsageError(f"no image files found in {', '.join(map(str, paths))}")
-    return files
-
-
-def _readable_images(files: list[Path], named: set[Path], *, channels: int, size: tuple[int, int]):
-    """(uint8 (B, C, H, W), the files it holds): a file found in a folder that does not decode is named on
-    stderr and skipped, so one bad file does not stop a folder; a file the user named still raises."""
-    import torch
-
-    from vitscope.inspect.images import load_image_files
-
-    try:
-        return load_image_files(files, channels=channels, size=size), files
-    except ValueError:
-        pass
-    xs, kept = [], []
-    for f in files:
-        try:
-            xs.append(load_image_files([f], channels=channels, size=size))
-            kept.append(f)
-        except ValueError as e:
-            if f in named:
-                raise
-            print(f"vitscope predict: skipped: {e}", file=sys.stderr)
-    return (torch.cat(xs) if xs else None), kept
-
-
-def run_predict(args) -> int:
-    import torch
-
-    from vitscope.data.transforms import eval_transform
-    from vitscope.weights.model_source import open_model
-
-    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
-    files = _image_files(args.images)
-    named = {p for p in args.images if p.is_file()}
-    size = model.config.img_size
-    size = (size, size) if isinstance(size, int) else tuple(size)
-    k = max(1, min(args.top_k, len(info.classes)))
-    results = []
-    for s in range(0, len(files), 256):
-        x, chunk = _readable_images(files[s : s + 256], named, channels=model.config.in_chans, size=size)
-        if not chunk:
-            continue
-        with torch.no_grad():
-            probs = model(eval_transform(x, info.mean, info.std)).softmax(-1)
-        top = probs.topk(k, dim=-1)
-        for f, pv, iv in zip(chunk, top.values.tolist(), top.indices.tolist()):
-            results.append({"file": str(f), "top": [{"label": info.classes[i], "prob": round(p, 4)}
-                                                    for p, i in zip(pv, iv)]})
-    if not results:
-        raise UsageError(f"no image could be read from the {len(files)} files found (each is named above)")
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        width = max(len(r["file"]) for r in results)
-        for r in results:
-            cells = "  ".join(f"{t['label']} {100 * t['prob']:5.1f}%" for t in r["top"])
-            print(f"{r['file']:<{width}}  {cells}")
-    return 0
-
-
 # -- data --------------------------------------------------------------------------------------------
 def add_data_parser(sub) -> None:
     p = sub.add_parser("data", help="list, verify or prepare datasets",
@@ -484,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_train_parser(sub)
+    from vitscope.cli.eval import add_eval_parser
+    from vitscope.cli.predict import add_predict_parser
+
     add_eval_parser(sub)
     add_predict_parser(sub)
     from vitscope.cli.explain import add_explain_parser

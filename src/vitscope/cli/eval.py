@@ -1,0 +1,85 @@
+"""`vitscope eval CHECKPOINT_OR_RUN`: accuracy, per-class accuracy and the confusion matrix on a split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vitscope.cli.main import UsageError, add_kernels_flag, at_least, check_out_dir, listed
+
+
+def add_eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint",
+                       description="Evaluate a run or checkpoint on a dataset split.")
+    p.add_argument("checkpoint", help="a run directory, a .safetensors checkpoint (vitscope's or timm's), or a preset "
+                                      "with pretrained weights (e.g. vit_small_patch16_224)")
+    p.add_argument("--dataset", help="dataset name (default: the one the run trained on)")
+    p.add_argument("--data-dir", help="where the dataset's files are (default: where the run read them)")
+    p.add_argument("--split", help="the split evaluated (default: the one the run evaluated on, else test)")
+    p.add_argument("--batch-size", type=at_least(1), default=500, help="images a forward (default: 500)")
+    p.add_argument("--flip", action="store_true",
+                   help="test-time augmentation: average the logits of each image and its mirror image "
+                        "(runs trained with eval_flip, like the fmnist_best preset, report this accuracy)")
+    p.add_argument("--shift", type=at_least(0), default=0, metavar="PX",
+                   help="test-time augmentation: also average each image moved PX pixels left, right, up and "
+                        "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
+    p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_kernels_flag(p)
+    p.set_defaults(run=run_eval)
+
+
+def run_eval(args) -> int:
+    import torch
+
+    from vitscope.training.loop import evaluate
+    from vitscope.weights.model_source import load_data, open_model
+
+    out = check_out_dir(args.out) if args.out else None
+    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
+    name = args.dataset or info.dataset
+    if not name:
+        raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
+    data, split = load_data(model, info, name, args.split, args.data_dir)
+    if model.num_classes != len(data.classes):
+        raise UsageError(f"the model has {model.num_classes} outputs but {name} has {len(data.classes)} classes: "
+                         f"evaluate it on the data it was trained on (fine-tune it first: vitscope train "
+                         f"--pretrained true, or --config)")
+    _check_images_fit(model, data.images)
+    if info.named_classes and list(info.classes) != list(data.classes):
+        raise UsageError(f"the checkpoint's classes ({listed(info.classes)}, from {info.dataset or 'its run'}) "
+                         f"are not {name}'s ({listed(data.classes)}): its accuracy there would mean nothing; "
+                         f"evaluate on the data it was trained on, with the same class folders")
+    res = evaluate(model, data, info.mean, info.std, batch_size=args.batch_size,
+                   device=torch.device("cpu"), flip=args.flip, shift=args.shift)
+    conf = res["confusion"]
+    per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
+    summary = {"checkpoint": info.source, "dataset": name, "split": split, "flip": args.flip,
+               "shift": args.shift, "n": int(conf.sum()),
+               "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
+               "confusion": conf.tolist()}
+    if out is not None:
+        from vitscope.training.curves import plot_confusion
+
+        out.mkdir(parents=True, exist_ok=True)
+        plot_confusion(conf, data.classes, out / "confusion.png", title=f"accuracy {100 * res['acc']:.2f}%")
+        (out / "eval.json").write_text(json.dumps(summary, indent=2))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{name} {split}: {summary['n']} images, accuracy {100 * res['acc']:.2f}%, loss {res['loss']:.4f}")
+        width = max(len(c) for c in data.classes)
+        for c, acc in per_class.items():
+            print(f"  {c:<{width}}  {100 * acc:6.2f}%")
+    return 0
+
+
+def _check_images_fit(model, images) -> None:
+    c = images.shape[1]
+    if c != model.config.in_chans:
+        raise UsageError(f"the model takes {model.config.in_chans}-channel images but the data has {c}")
+    h, w = images.shape[-2:]
+    p = model.config.patch_size
+    if h % p or w % p:
+        raise UsageError(f"images of {h}x{w} cannot be cut into {p}x{p} patches; pass --image-size "
+                         f"as a multiple of {p}")
