@@ -233,3 +233,25 @@ def test_safetensors_file_holds_plain_timm_names(tmp_path):
     keys = set(load_file(path))
     assert {"cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "norm.weight",
             "head.weight"} <= keys
+
+
+def test_a_torch_file_nested_as_training_scripts_save_it_loads(tmp_path, images):
+    model = _model()
+    for key in ("state_dict", "model"):
+        torch.save({key: model.state_dict(), "epoch": 3}, tmp_path / f"{key}.pt")
+        loaded = load_weights(_model(seed=4), tmp_path / f"{key}.pt")
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(images), model(images), rtol=0, atol=0)
+
+
+def test_what_a_file_is_when_it_is_not_a_checkpoint(tmp_path):
+    from vitscope.weights.checkpoints import _sniff
+
+    (tmp_path / "a.safetensors").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    (tmp_path / "b.safetensors").write_text("weights go here\n")
+    (tmp_path / "c.pt").write_bytes(b"PK\x03\x04" + b"\0" * 40)  # a damaged torch file: not "a zip archive"
+    whole = save_model(_model(), tmp_path / "d.safetensors").read_bytes()
+    (tmp_path / "d.safetensors").write_bytes(whole[:300])
+    assert _sniff(tmp_path / "a.safetensors") == "a PNG image"
+    assert _sniff(tmp_path / "b.safetensors") == "a text file"
+    assert _sniff(tmp_path / "c.pt") is None and _sniff(tmp_path / "d.safetensors") is None  # cut short
