@@ -212,10 +212,8 @@ def _check_ranges(cfg: TrainConfig) -> None:
         _at_least("image_size", cfg.image_size, 1, " pixel")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
-    from vitscope.data import list_datasets
-
-    if cfg.dataset not in list_datasets():
-        raise ValueError(f"unknown dataset {cfg.dataset!r}; choose one of {', '.join(list_datasets())}")
+    # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
+    # task may read other datasets than the classification ones
 
 
 # -- the model ----------------------------------------------------------------------------------------
