@@ -367,3 +367,14 @@ def test_checkpoints_every_n_steps_or_minutes(tmp_path, monkeypatch):
     train(fault_config(checkpoint_every_steps=0, checkpoint_every_minutes=1.0, epochs=1), tmp_path / "a",
           overwrite=True, progress=False)
     assert steps == list(range(1, 12))
+
+
+def test_a_damaged_manifest_is_refused_and_the_weights_alone_still_continue(tmp_path):
+    cfg = fault_config()
+    run = tmp_path / "run"
+    train(cfg, run, progress=False, max_steps=6)
+    (run / "checkpoint.json").write_text('{"step": 6, "files": {"weights": "../../elsewhere", "state": "x"}}')
+    with pytest.raises(CheckpointError, match=r"checkpoint\.json is damaged .*--weights-only"):
+        train(cfg, run, resume=True, progress=False)
+    assert train(cfg, run, resume=True, weights_only=True, progress=False, max_steps=8).stopped == "finished"
+    assert json.loads((run / "checkpoint.json").read_text())["step"] == 8

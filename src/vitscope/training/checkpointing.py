@@ -95,7 +95,9 @@ class Progress:
 
     @classmethod
     def from_state(cls, s: dict) -> Progress:
-        sums = s.get("epoch_sums", [0.0, 0, 0])  # runs saved before these were kept start the epoch's sums at 0
+        sums = s.get("epoch_sums")
+        if not (isinstance(sums, (list, tuple)) and len(sums) == 3 and all(isinstance(x, (int, float)) for x in sums)):
+            sums = [0.0, 0, 0]  # runs saved before these were kept start the epoch's sums at 0
         return cls(int(s["step"]), float(s["best_acc"]), float(s["train_time_s"]), int(s["seen"]),
                    float(sums[0]), int(sums[1]), int(sums[2]))
 
@@ -120,8 +122,8 @@ def read_manifest(run_dir: Path) -> dict | None:
     try:
         m = json.loads(path.read_text())
         if not (isinstance(m, dict) and isinstance(m.get("step"), int) and isinstance(m.get("files"), dict)
-                and isinstance(m.get("sha256"), dict) and isinstance(m["files"].get("weights"), str)
-                and isinstance(m["files"].get("state"), str)):
+                and isinstance(m.get("sha256"), dict) and {"weights", "state"} <= set(m["files"])
+                and all(isinstance(v, str) and _STEP_FILE.match(v) for v in m["files"].values())):
             raise ValueError("not a vitscope checkpoint manifest")
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot resume {run_dir}: {path} is damaged ({e}); vitscope writes it whole, so "
@@ -254,7 +256,12 @@ def find_checkpoint(run_dir: Path, *, weights_only: bool = False) -> Checkpoint:
 
     With `weights_only` the weights alone (the manifest's, else last.safetensors) are enough."""
     run_dir = Path(run_dir)
-    m = read_manifest(run_dir)
+    try:
+        m = read_manifest(run_dir)
+    except CheckpointError:
+        if not weights_only or not (run_dir / LAST).is_file():
+            raise
+        m = None  # the weights alone: last.safetensors, whatever the manifest says
     if m is not None:
         files = m["files"]
         step = m["step"]
