@@ -10,7 +10,6 @@ swaps in vitscope's CPU kernels afterwards, without touching the parameters.
 from __future__ import annotations
 
 import math
-import typing
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -19,6 +18,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention
+from vitscope.fields import check_types
 from vitscope.positional import resample_pos_embed, sincos_2d
 
 
@@ -176,7 +176,7 @@ class ViTConfig:
     stem_act: Literal["gelu", "relu"] = "gelu"  # the stem's activation
 
     def __post_init__(self):
-        self._check_scalar_types()
+        check_types(self)  # --set depth=abc or a JSON string otherwise fails deep in the model
         if self.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
@@ -191,24 +191,6 @@ class ViTConfig:
         self.stem = [tuple(s) for s in self.stem]
         if self.stem_act not in STEM_ACTS:
             raise ValueError(f"stem_act must be one of {sorted(STEM_ACTS)}, got {self.stem_act!r}")
-
-    def _check_scalar_types(self) -> None:
-        """Numbers and switches of the right kind (`--set depth=abc` or a JSON string otherwise fails deep in
-        the model's construction); an int passes as a float, a bool never as a number."""
-        hints = typing.get_type_hints(type(self))
-        for name, tp in hints.items():
-            args = set(typing.get_args(tp)) or {tp}
-            value = getattr(self, name)
-            if value is None and type(None) in args:
-                continue
-            kinds = [k for k in (bool, int, float) if k in args]
-            if not kinds or not args <= {bool, int, float, type(None)}:
-                continue  # img_size, stem and the Literal strings are checked on their own
-            ok = isinstance(value, bool) if kinds == [bool] else (
-                not isinstance(value, bool) and isinstance(value, (int, float) if float in kinds else int))
-            if not ok:
-                want = {bool: "true or false", int: "a whole number", float: "a number"}[kinds[-1]]
-                raise ValueError(f"{name} must be {want}{' or null' if type(None) in args else ''}, got {value!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)

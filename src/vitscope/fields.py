@@ -1,0 +1,59 @@
+"""Typed dataclass configs checked against their own type hints, so a value of the wrong kind (`--set
+depth=abc`, `"epochs": "two"` in a JSON config) is one clear error naming the field, not a failure deep
+inside the model or the loop. `ViTConfig` and `TrainConfig` both check themselves with it."""
+
+from __future__ import annotations
+
+import typing
+from typing import Literal
+
+
+def type_ok(value, tp) -> bool:
+    """Whether `value` is of the annotated type `tp` (an int passes as a float, a bool never as a number)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or (origin is not None and type(None) in args):
+        return any(type_ok(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if origin is Literal:
+        return value in args
+    if origin is tuple:
+        return isinstance(value, (tuple, list)) and len(value) == len(args) and all(
+            type_ok(v, a) for v, a in zip(value, args))
+    if origin is list:
+        return isinstance(value, (list, tuple)) and all(type_ok(v, args[0]) for v in value) if args else True
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    return isinstance(value, tp) if isinstance(tp, type) else True
+
+
+def type_name(tp) -> str:
+    """How an error names the type `tp` to a user."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if type(None) in args:
+        return " or ".join(type_name(a) for a in args if a is not type(None)) + " or none"
+    if origin is typing.Union:
+        return " or ".join(type_name(a) for a in args)
+    if origin is tuple:
+        return f"{len(args)} numbers"
+    if origin is list:
+        return f"a list of {type_name(args[0])}" if args else "a list"
+    return {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
+            dict: "an object of fields"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def check_types(cfg) -> None:
+    """Every field of the dataclass `cfg` of its annotated type, else a ValueError naming the field."""
+    hints = typing.get_type_hints(type(cfg))
+    for name in cfg.__dataclass_fields__:
+        value = getattr(cfg, name)
+        if not type_ok(value, hints[name]):
+            raise ValueError(f"{name} must be {type_name(hints[name])}, got {value!r}")
