@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import os
-import typing
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from vitscope.data.transforms import TrainTransform
+from vitscope.fields import check_types
 from vitscope.training.optim import OptimizerName
 
 # torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
@@ -120,50 +120,12 @@ def _tuples(d: dict) -> dict:
 
 
 # -- types --------------------------------------------------------------------------------------------
-def _type_ok(value, tp) -> bool:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union or (origin is not None and type(None) in args):
-        return any(_type_ok(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if origin is Literal:
-        return value in args
-    if origin is tuple:
-        return isinstance(value, (tuple, list)) and len(value) == len(args) and all(
-            _type_ok(v, a) for v, a in zip(value, args))
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if origin is dict or tp is dict:
-        return isinstance(value, dict)
-    return isinstance(value, tp) if isinstance(tp, type) else True
-
-
-def _type_name(tp) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if type(None) in args:
-        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or none"
-    if origin is tuple:
-        return f"{len(args)} numbers"
-    return {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
-            dict: "an object of fields"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
 def _check_types(cfg: TrainConfig) -> None:
     if isinstance(cfg.betas, (tuple, list)) and len(cfg.betas) != 2:
         raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {tuple(cfg.betas)}")
     if cfg.data_dir is not None and isinstance(cfg.data_dir, os.PathLike):
         cfg.data_dir = os.fspath(cfg.data_dir)
-    hints = typing.get_type_hints(type(cfg))
-    for name in cfg.__dataclass_fields__:
-        value = getattr(cfg, name)
-        if not _type_ok(value, hints[name]):
-            raise ValueError(f"{name} must be {_type_name(hints[name])}, got {value!r}")
+    check_types(cfg)
     cfg.betas = tuple(cfg.betas)
 
 
