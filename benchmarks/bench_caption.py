@@ -3,6 +3,11 @@ against a Python loop over images. Prints markdown tables with the machine besid
 
     .venv/bin/python benchmarks/bench_caption.py                 # scenes-sized transformer captioner
     .venv/bin/python benchmarks/bench_caption.py --lengths 20 32 --batch 32 --beam 5 --repeats 5
+    .venv/bin/python benchmarks/bench_caption.py --curves RUN_DIR... --png benchmarks/caption_curves.png
+
+`--curves` instead reads finished caption runs (`vitscope train --task caption`) and draws their test
+metric (item accuracy on Fashion-MNIST scenes) against training wall time, all runs in one PNG, with a
+table of each run's epochs.
 
 The captioner has random weights with <eos> made impossible, so every caption runs to its full
 length (what the comparison needs: the cache's gain grows with length). Each row also checks that
@@ -58,8 +63,46 @@ def build(max_len: int, vocab: int, dim: int, depth: int) -> TransformerCaptione
     return model
 
 
+def curves(run_dirs: list[Path], png: Path | None) -> None:
+    """Each caption run's evaluations against its training time: a markdown table, and one PNG of all."""
+    import json
+
+    runs = []
+    for d in run_dirs:
+        cfg = json.loads((d / "config.json").read_text())
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        label = f"{cfg.get('captioner', '?')} (seed {cfg.get('seed')}, {d.name})"
+        runs.append((label, rows))
+    print("| run | epoch | train min | item accuracy % | exact match % | BLEU-4 | CIDEr-D | grounding % |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, rows in runs:
+        for r in rows:
+            print(f"| {label} | {r['epoch']} | {r['train_time_s'] / 60:.1f} | {100 * r['test_acc']:.2f} | "
+                  f"{100 * r.get('test_exact_match', float('nan')):.2f} | {r.get('test_bleu4', float('nan')):.4f} | "
+                  f"{r.get('test_cider', float('nan')):.3f} | {100 * r.get('test_grounding', float('nan')):.1f} |")
+    if png is None:
+        return
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=110)
+    ax = fig.subplots()
+    for label, rows in runs:
+        ax.plot([0] + [r["train_time_s"] / 60 for r in rows], [0] + [100 * r["test_acc"] for r in rows], "o-",
+                label=label)
+    ax.set(xlabel="training wall time (min)", ylabel="test item accuracy (%), greedy",
+           title="Fashion-MNIST scenes: transformer vs LSTM-with-attention captioner")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png)
+    print(f"\nwrote {png}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--curves", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="instead of timing decoding: plot these caption runs' test metric against training time")
+    ap.add_argument("--png", type=Path, help="with --curves: the figure's path")
     ap.add_argument("--lengths", type=int, nargs="+", default=[20, 32])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--beam", type=int, default=5)
@@ -69,6 +112,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.curves:
+        curves(args.curves, args.png)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     print(_header())
