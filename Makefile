@@ -1,9 +1,11 @@
 # The README's two commands. Both set everything up first and can be run again safely.
 .PHONY: run test test-slow lint bench
 
+# runs/fmnist_quick is this command's own folder: each `make run` trains it afresh (--overwrite), so
+# running it again gives the same run; train with another --out to keep one.
 run:
 	@./scripts/setup.sh run
-	.venv/bin/vitscope train --preset fmnist_quick --out runs/fmnist_quick
+	.venv/bin/vitscope train --preset fmnist_quick --out runs/fmnist_quick --overwrite
 
 test:
 	@./scripts/setup.sh test
