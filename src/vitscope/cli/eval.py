@@ -25,6 +25,12 @@ def add_eval_parser(sub) -> None:
                         "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
     p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    g = p.add_argument_group("captioning runs (vitscope train --task caption)",
+                             "BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact match and "
+                             "attention grounding) for greedy decoding and for beam search of size --beam")
+    from vitscope.cli.caption import add_caption_options
+
+    add_caption_options(g, beam_default=5)
     add_kernels_flag(p)
     p.set_defaults(run=run_eval)
 
@@ -32,9 +38,15 @@ def add_eval_parser(sub) -> None:
 def run_eval(args) -> int:
     import torch
 
+    from vitscope.caption.run import is_caption_checkpoint
     from vitscope.training.loop import evaluate
     from vitscope.weights.model_source import load_data, open_model
 
+    if is_caption_checkpoint(args.checkpoint):
+        from vitscope.cli.caption import run_caption_eval
+
+        args.model = args.checkpoint
+        return run_caption_eval(args)
     out = check_out_dir(args.out) if args.out else None
     model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
     name = args.dataset or info.dataset

@@ -1,5 +1,5 @@
-"""`vitscope train | eval | predict | explain | bench | data | models`: one parser and one run function each
-(train, data and models here; eval, predict, explain and bench in their own modules).
+"""`vitscope train | eval | predict | explain | caption | bench | data | models`: one parser and one run function
+each (data and models here; the others in their own modules), and what the sub-commands share.
 
 Errors a user can fix (a wrong flag value, a missing file, a mismatched checkpoint) print one line
 and exit with code 2; `--debug` shows the traceback instead.
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-import time
 import typing
 import warnings
 from pathlib import Path
@@ -141,122 +139,6 @@ def listed(names, most: int = 4) -> str:
     return ", ".join(map(str, names[:most])) + (f", ... {len(names)} in all" if len(names) > most else "")
 
 
-# -- train -------------------------------------------------------------------------------------------
-def add_train_parser(sub) -> None:
-    from vitscope.data.transforms import TrainTransform
-    from vitscope.training.loop import TrainConfig
-    from vitscope.training.recipes import get_recipe, list_recipes
-
-    p = sub.add_parser("train", help="train a ViT (a preset or a config file; flags override any field)",
-                       description="Train a ViT. Start from --preset or --config, then override any field "
-                                   "with its flag. Prints the run directory.")
-    p.add_argument("--preset", choices=list_recipes(), help="a named recipe (default fmnist_quick)")
-    p.add_argument("--config", type=Path, help="a JSON config file (e.g. a run's config.json)")
-    p.add_argument("--out", type=Path, help="run directory (default runs/<preset>-<time>)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
-    p.add_argument("--weights-only", action="store_true",
-                   help="with --resume: continue from the run's weights alone where its checkpoint is not whole "
-                        "(optimizer and random state start afresh, so the result differs from an unbroken run)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the run that --out holds (without it, a folder holding a run is refused)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a model field, e.g. --set depth=8 --set drop_path_rate=0.1")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    quick = get_recipe("fmnist_quick")
-    g = p.add_argument_group("training fields (TrainConfig)",
-                             "Each overrides the preset's or config's value; the defaults shown are the "
-                             "fmnist_quick preset's, which trains when no --preset or --config is given.")
-    add_dataclass_flags(g, TrainConfig, defaults=quick)
-    a = p.add_argument_group("augmentation fields (TrainTransform)")
-    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_", defaults=quick.augment)
-    p.set_defaults(run=run_train)
-
-
-def parse_model_sets(items: list[str]) -> dict:
-    """`--set FIELD=VALUE` items as model fields: JSON values, plain strings staying strings, e.g.
-    ['depth=3', 'stem=[[32,1]]'] -> {'depth': 3, 'stem': [[32, 1]]}. Unknown fields are a UsageError."""
-    from vitscope.vit import ViTConfig
-
-    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        if k not in model_fields:
-            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
-def _read_config_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise UsageError(f"{what}: {path} does not exist" if path.exists() is False else f"{what}: {path} is a folder")
-    try:
-        base = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{what}: {path} is not valid JSON: {e}") from e
-    if not isinstance(base, dict):
-        raise UsageError(f"{what}: {path} holds {json.dumps(base)[:40]}, not a JSON object of training fields "
-                         f"(like a run's config.json)")
-    return base
-
-
-def build_train_config(args):
-    from vitscope.training.loop import TrainConfig
-    from vitscope.training.recipes import get_recipe
-
-    if args.resume:
-        base = _read_config_json(args.resume / "config.json", "cannot resume")
-    elif args.config:
-        base = _read_config_json(args.config, "config file")
-    else:
-        base = get_recipe(args.preset or "fmnist_quick").to_dict()
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
-    aug = {k[4:]: v for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
-    if args.resume and (given or aug or args.set or args.out or args.overwrite):
-        raise UsageError("--resume continues the saved config exactly; drop the other training flags")
-    if args.weights_only and not args.resume:
-        raise UsageError("--weights-only goes with --resume RUN_DIR")
-    base.update(given)
-    augment = base.get("augment", {})
-    if not isinstance(augment, dict):
-        raise UsageError(f"augment must be an object of augmentation fields, got {augment!r}")
-    base["augment"] = {**augment, **aug}
-    if args.set:
-        if not isinstance(base.setdefault("model_args", {}), dict):
-            raise UsageError(f"model_args must be an object of model fields, got {base['model_args']!r}")
-        base["model_args"].update(parse_model_sets(args.set))
-    try:
-        return TrainConfig.from_dict(base)
-    except TypeError as e:  # a field missing or of a kind the dataclass cannot even take
-        raise UsageError(f"the training config does not fit TrainConfig: {e}") from e
-
-
-def run_train(args) -> int:
-    from vitscope.training.loop import train
-
-    cfg = build_train_config(args)
-    if args.resume:
-        run_dir = args.resume
-    else:
-        run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    print(f"run directory: {run_dir}", flush=True)
-    result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,
-                   progress=not args.no_progress)
-    if result.stopped == "signal":
-        print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
-        return 130
-    print(f"{cfg.eval_split} accuracy {100 * result.test_acc:.2f}%  (best {100 * result.best_acc:.2f}%), "
-          f"training {result.train_time_s / 60:.1f} min, {result.images_per_s:.0f} images/s")
-    print(f"run directory: {run_dir}  (curves.png, confusion.png, explorer.html, summary.json)")
-    return 0
-
-
 # -- data --------------------------------------------------------------------------------------------
 def add_data_parser(sub) -> None:
     p = sub.add_parser("data", help="list, verify or prepare datasets",
@@ -318,8 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="vitscope", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_train_parser(sub)
+    from vitscope.cli.caption import add_caption_parser
     from vitscope.cli.eval import add_eval_parser
+    from vitscope.cli.train import add_train_parser
+
+    add_train_parser(sub)
     from vitscope.cli.predict import add_predict_parser
 
     add_eval_parser(sub)
@@ -327,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vitscope.cli.explain import add_explain_parser
 
     add_explain_parser(sub)
+    add_caption_parser(sub)
     from vitscope.cli.bench import add_bench_parser
 
     add_bench_parser(sub)

@@ -78,6 +78,22 @@ class TrainConfig:
         "help": "CPU: run vitscope's kernels (vitscope.kernels.apply); false: PyTorch's ops alone"})
     explain_images: int = field(default=6, metadata={
         "help": "test images put in the attention explorer at the end (0: no explorer)"})
+    # Captioning (vitscope.caption): `model` is the encoder, the fields below the decoder and its data.
+    task: Literal["classify", "caption"] = field(default="classify", metadata={
+        "help": "classify: a ViT classifier; caption: a captioner whose encoder is --model, on a caption dataset "
+                "(fmnist_scenes, fmnist_scenes3, coco, karpathy, flickr8k)"})
+    captioner: Literal["transformer", "lstm"] = field(default="transformer", metadata={
+        "help": "--task caption: a transformer decoder, or the LSTM with additive attention (Show, Attend and Tell)"})
+    decoder_args: dict = field(default_factory=dict, metadata={
+        "help": "--task caption: the captioner's own fields, e.g. {'dim': 128, 'depth': 2} (--decoder-set)"})
+    max_len: int = field(default=32, metadata={
+        "help": "--task caption: the decoder's positions, <bos> and <eos> included: the longest caption it learns"})
+    vocab_min_count: int = field(default=1, metadata={
+        "help": "--task caption: words seen fewer times in the training captions become <unk>"})
+    eval_beam: int = field(default=1, metadata={
+        "help": "--task caption: the beam size of each evaluation (1: greedy decoding)"})
+    captions_file: str | None = field(default=None, metadata={
+        "help": "--task caption: the caption file for coco, karpathy or flickr8k (else found under --data-dir)"})
     # Every epoch's end saves a checkpoint; long epochs on large data want them more often as well.
     checkpoint_every_steps: int = field(default=0, metadata={
         "help": "also save a checkpoint every this many steps (0: only at each epoch's end)"})
@@ -176,6 +192,39 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
     # task may read other datasets than the classification ones
+    if cfg.task == "caption":
+        _check_caption(cfg)
+
+
+def _check_caption(cfg: TrainConfig) -> None:
+    """What a captioning run needs: a caption dataset, decoder fields its captioner has, and no augmentation
+    that would move what the captions name (a mirror image swaps left and right)."""
+    from dataclasses import fields
+
+    from vitscope.caption.show_attend_tell import ShowAttendTellConfig
+    from vitscope.caption.task import CAPTION_DATASETS
+    from vitscope.caption.transformer import TransformerCaptionerConfig
+
+    if cfg.dataset not in CAPTION_DATASETS:
+        raise ValueError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
+                         f"not {cfg.dataset!r}")
+    _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
+    _at_least("vocab_min_count", cfg.vocab_min_count, 1)
+    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
+    config = TransformerCaptionerConfig if cfg.captioner == "transformer" else ShowAttendTellConfig
+    own = {f.name for f in fields(config)} - {"vocab_size", "encoder", "max_len", "label_smoothing"}
+    unknown = sorted(set(cfg.decoder_args) - own)
+    if unknown:
+        raise ValueError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.captioner} captioner; choose "
+                         f"from {', '.join(sorted(own))} (max_len and label_smoothing are training fields)")
+    a = cfg.augment
+    moved = [name for name, on in (("flip", a.flip), ("crop rrc", a.crop == "rrc"), ("mixup", a.mixup_alpha > 0),
+                                   ("cutmix", a.cutmix_alpha > 0), ("eval_flip", cfg.eval_flip),
+                                   ("final_eval_shift", cfg.final_eval_shift > 0)) if on]
+    if moved:
+        raise ValueError(f"--task caption: {', '.join(moved)} would move or mix what the captions name (a mirror "
+                         f"image swaps left and right); turn {'it' if len(moved) == 1 else 'them'} off "
+                         f"(--aug-flip false, --aug-crop none or pad, ...)")
 
 
 # -- the model ----------------------------------------------------------------------------------------

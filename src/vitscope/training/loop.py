@@ -5,6 +5,10 @@ One process or many under torchrun (DistributedDataParallel). Every epoch's data
 checkpoint ends with bit-identical weights to one that never stopped. In DDP every rank augments
 the whole global batch with the same generator and trains on its slice, so N processes compute
 exactly what one process does with the same global batch.
+
+What is trained is a task (training/tasks.py): classification, or captioning (vitscope.caption). The
+task builds the data and the model, turns a batch into a loss, evaluates a split and says what a
+checkpoint carries; the loop is the same for both.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import signal
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,10 +28,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitscope import kernels
-from vitscope.data import ImageDataset, load_dataset
-from vitscope.data.transforms import TrainTransform
 from vitscope.kernels import allocator, bf16
-from vitscope.models import create_model
 from vitscope.training import distributed as D
 from vitscope.training.checkpointing import (
     Checkpoint,
@@ -38,10 +39,10 @@ from vitscope.training.checkpointing import (
     save_checkpoint,
 )
 from vitscope.training.config import TrainConfig
-from vitscope.training.evaluation import evaluate, write_report
+from vitscope.training.evaluation import evaluate
 from vitscope.training.optim import build_optimizer
 from vitscope.training.run_dir import RunLock, check_target, take
-from vitscope.weights import pretrained
+from vitscope.training.tasks import Task, build_task
 from vitscope.weights.checkpoints import save_model
 
 __all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]
@@ -146,12 +147,10 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 # -- setting up ---------------------------------------------------------------------------------
 @dataclass
 class Setup:
-    """What a training needs besides its config: the data and the model, built before the run directory
-    is touched."""
+    """What a training needs besides its config: the task (its data and model), built before the run
+    directory is touched."""
 
-    train_set: ImageDataset
-    eval_set: ImageDataset
-    transform: TrainTransform
+    task: Task
     model: nn.Module
     ema: nn.Module | None
     optimizer: torch.optim.Optimizer
@@ -160,18 +159,9 @@ class Setup:
 
 
 def _setup(cfg: TrainConfig, device: torch.device, *, resume: bool) -> Setup:
-    train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
-    eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
-    c, h, w = train_set.images.shape[1:]
-    transform = cfg.augment.for_dataset(train_set)
-    if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
-        transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
-    if len(train_set) < cfg.batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} images)")
-    torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, pretrained=cfg.pretrained and not resume,  # resumed: the run's own weights
-                         **{"num_classes": len(train_set.classes), "in_chans": c,
-                            "img_size": (h, w) if h != w else h, **cfg.model_args})
+    # the loss and the evaluation are looked up here, at the start of a run, so a test can stand in for them
+    task = build_task(cfg, resume=resume, criterion=soft_cross_entropy, evaluator=evaluate)
+    model = task.model
     model.to(device)
     if cfg.kernels and device.type == "cpu":
         kernels.apply(model)
@@ -180,7 +170,7 @@ def _setup(cfg: TrainConfig, device: torch.device, *, resume: bool) -> Setup:
         p.requires_grad_(False)
     opt = build_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
                           device=device)
-    return Setup(train_set, eval_set, transform, model, ema, opt, device, use_bf16(cfg.amp, device))
+    return Setup(task, model, ema, opt, device, use_bf16(cfg.amp, device))
 
 
 def _restore(cfg: TrainConfig, s: Setup, found: Checkpoint | None, gen: torch.Generator, run_dir: Path,
@@ -259,23 +249,19 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
 
 def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir: Path, info: D.DistInfo,
          found: Checkpoint | None, *, progress: bool, max_steps: int | None) -> TrainResult:
-    model, ema, opt, device, transform = s.model, s.ema, s.optimizer, s.device, s.transform
-    train_set, eval_set = s.train_set, s.eval_set
-    num_classes = len(train_set.classes)
-    steps_per_epoch = len(train_set) // cfg.batch_size
+    model, ema, opt, device, task = s.model, s.ema, s.optimizer, s.device, s.task
+    steps_per_epoch = task.train_size // cfg.batch_size
     total = steps_per_epoch * cfg.epochs
     warmup = max(1, int(cfg.warmup_epochs * steps_per_epoch))
     local = cfg.batch_size // info.world_size
 
-    net = model
+    net = task.train_module  # the model itself for a classifier; for a captioner, its loss as one module
     if info.enabled:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:
         net = torch.compile(net, options=compile_options(device))
 
-    meta = {"train_config": json.dumps(cfg.to_dict()), "classes": json.dumps(train_set.classes),
-            "mean": json.dumps(list(transform.mean)), "std": json.dumps(list(transform.std)),
-            "dataset": cfg.dataset}
+    meta = {"train_config": json.dumps(cfg.to_dict()), **task.metadata()}
     last = found if found is not None and found.state is not None else None  # the checkpoint in force
     last_save_t = time.monotonic()
 
@@ -306,28 +292,24 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
     stopped = "finished"
     end = total if max_steps is None else min(total, max_steps)
     bar = tqdm(total=total, initial=at.step, disable=not (progress and info.is_main), unit="step",
-               dynamic_ncols=True, desc=f"train {cfg.model}")
+               dynamic_ncols=True,
+               desc=f"train {cfg.model}" if task.kind == "classify" else f"train {cfg.captioner} captioner")
     ev, ev_step = None, -1  # the latest evaluation and the step it was made at
     with _Stopper() as stopper:
         while at.step < end:
             epoch, first = divmod(at.step, steps_per_epoch)
-            order = epoch_order(len(train_set), cfg.seed, epoch)
+            order = epoch_order(task.train_size, cfg.seed, epoch)
             model.train()
             t0 = time.perf_counter()
             for i in range(first, steps_per_epoch):
                 if at.step >= end:
                     break
                 idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-                x = transform(train_set.images[idx], gen)  # (B, C, H, W) float, whole global batch
-                y = train_set.labels[idx]
-                x, target = transform.mix(x, y, num_classes, gen, smoothing=cfg.label_smoothing)
+                batch = task.batch(idx, gen)  # the whole global batch, augmented
                 sl = slice(info.rank * local, (info.rank + 1) * local)
-                x, y, target = x[sl].to(device), y[sl].to(device), target[sl].to(device)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(at.step, total, warmup, cfg)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.bf16):
-                    logits = net(x)
-                loss = soft_cross_entropy(logits, target)
+                loss, stats = task.loss(net, batch, sl, device, s.bf16)  # this rank's slice
                 if not torch.isfinite(loss):
                     bar.close()
                     raise NonFiniteLoss(_non_finite(loss.item(), at.step, epoch, cfg, run_dir, last))
@@ -339,10 +321,10 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
                 if ema is not None:
                     _ema_update(ema, model, cfg.ema_decay)
                 at.step += 1
-                at.epoch_loss_sum += loss.item() * len(y)
-                at.epoch_correct += int((logits.argmax(1) == y).sum())
-                at.epoch_count += len(y)
-                at.seen += len(y) * info.world_size
+                at.epoch_loss_sum += stats.loss_sum
+                at.epoch_correct += stats.correct
+                at.epoch_count += stats.count
+                at.seen += stats.samples * info.world_size
                 if i % 10 == 0 or i == steps_per_epoch - 1:
                     el = at.train_time_s + time.perf_counter() - t0
                     bar.set_postfix(epoch=epoch + 1, loss=f"{at.epoch_loss_sum / at.epoch_count:.3f}",
@@ -360,8 +342,7 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
             if at.step % steps_per_epoch:  # stopped inside the epoch (a signal, max_steps)
                 save("last")
                 break
-            ev = evaluate(ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size,
-                          bf16=s.bf16, device=device, info=info, flip=cfg.eval_flip)
+            ev = task.evaluate(ema or model, device=device, bf16=s.bf16, info=info)
             # The evaluation is not a step: without this the bar's first rate after it counted its seconds as
             # one step's (the quick preset's time left read 6 hours for a while); its clock shows training time.
             bar.unpause()
@@ -370,12 +351,14 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
             row = {"epoch": epoch + 1, "step": at.step, "lr": lr_at(at.step - 1, total, warmup, cfg),
                    "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
                    "test_loss": ev["loss"], "test_acc": ev["acc"], "train_time_s": round(at.train_time_s, 2),
-                   "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None}
+                   "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None,
+                   **task.row(ev)}
             at.epoch_loss_sum, at.epoch_correct, at.epoch_count = 0.0, 0, 0
             log(row)
             if info.is_main:
                 bar.write(f"epoch {epoch + 1}/{cfg.epochs}  train loss {row['train_loss']:.4f}  "
-                          f"{cfg.eval_split} acc {100 * ev['acc']:.2f}%  ({at.train_time_s / 60:.1f} min)")
+                          f"{cfg.eval_split} {task.metric_name} {100 * ev['acc']:.2f}%  "
+                          f"({at.train_time_s / 60:.1f} min)")
             if ev["acc"] > at.best_acc:
                 at.best_acc = ev["acc"]
                 save("best")
@@ -384,14 +367,13 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
                 break
     bar.close()
 
-    shift = cfg.final_eval_shift if stopped == "finished" else 0  # a stopped run leaves quickly
-    final = ev if ev_step == at.step and not shift else evaluate(
-        ema or model, eval_set, transform.mean, transform.std, batch_size=cfg.eval_batch_size, bf16=s.bf16,
-        device=device, info=info, flip=cfg.eval_flip, shift=shift)
+    again = stopped == "finished" and task.final_differs()  # a stopped run leaves quickly
+    final = ev if ev_step == at.step and not again else task.evaluate(
+        ema or model, device=device, bf16=s.bf16, info=info, final=stopped == "finished")
     result = TrainResult(run_dir, final["acc"], max(at.best_acc, final["acc"]), at.train_time_s,
                          at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, stopped)
     if info.is_main and stopped == "finished" and at.step >= total:
-        write_report(run_dir, cfg, model, result, final, eval_set, transform)
+        task.report(run_dir, cfg, model, result, final)
     return result
 
 

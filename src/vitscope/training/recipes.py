@@ -101,3 +101,37 @@ def fmnist_tutorial() -> TrainConfig:
                        epochs=20, batch_size=128, lr=1e-3, min_lr=1e-3, weight_decay=0.0, warmup_epochs=0,
                        label_smoothing=0.0, clip_grad=None, amp="fp32",
                        augment=TrainTransform(crop="none", flip=False))
+
+
+# -- captioning (vitscope.caption; `--task caption`) ----------------------------------------------------
+_SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick", max_len=40, optimizer="muon",
+               batch_size=128, lr=1.5e-3, weight_decay=0.05, warmup_epochs=0.3, label_smoothing=0.1,
+               eval_batch_size=500, augment=TrainTransform(crop="none", flip=False))
+
+
+@recipe
+def caption_quick() -> TrainConfig:
+    """Fashion-MNIST scenes captioned by the quick classifier's encoder and a transformer decoder, in about
+    10 minutes of training on 2 CPU cores.
+
+    `vitscope train --preset caption_quick`, then `vitscope eval RUN --beam 5`
+    The encoder is models.vit_fmnist_quick on the 56 x 56 canvas (its stride-4 stem gives each 28 x 28 cell
+    the 7 x 7 tokens the classifier gives an item), the decoder 2 blocks of width 128 over its 196 tokens;
+    Muon, label smoothing 0.1, one of each image's five references per epoch. Measured figures with their
+    commands: benchmarks/RESULTS.md, Captioning.
+    """
+    return TrainConfig(**_SCENES, captioner="transformer", epochs=2,
+                       decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.0))
+
+
+@recipe
+def caption_lstm_quick() -> TrainConfig:
+    """The lecture's baseline on the same scenes: the same encoder and an LSTM decoder that attends with
+    additive attention at every word ("Show, Attend and Tell"), in about the transformer's training time
+    (its recurrence runs word by word, so it gets one epoch where the transformer gets two).
+
+    `vitscope train --preset caption_lstm_quick`, then `vitscope eval RUN --beam 5`
+    Measured figures with their commands: benchmarks/RESULTS.md, Captioning.
+    """
+    return TrainConfig(**_SCENES, captioner="lstm", epochs=1,
+                       decoder_args=dict(embed_dim=128, hidden_dim=256, attn_dim=128, drop=0.1, attention_reg=1.0))

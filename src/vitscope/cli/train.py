@@ -1,0 +1,159 @@
+"""`vitscope train`: a preset or a config file, every TrainConfig field as a flag, then the one training loop.
+
+`--task caption` trains a captioner (vitscope.caption) whose encoder is `--model`; its decoder's fields go
+through `--decoder-set FIELD=VALUE`, and without --preset or --config it starts from caption_quick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from vitscope.cli.main import UsageError, add_dataclass_flags
+
+
+def add_train_parser(sub) -> None:
+    from vitscope.data.transforms import TrainTransform
+    from vitscope.training.loop import TrainConfig
+    from vitscope.training.recipes import get_recipe, list_recipes
+
+    p = sub.add_parser("train", help="train a ViT or a captioner (a preset or a config file; flags override any "
+                                     "field)",
+                       description="Train a ViT (or with --task caption a captioner). Start from --preset or "
+                                   "--config, then override any field with its flag. Prints the run directory.")
+    p.add_argument("--preset", choices=list_recipes(),
+                   help="a named recipe (default fmnist_quick; with --task caption, caption_quick)")
+    p.add_argument("--config", type=Path, help="a JSON config file (e.g. a run's config.json)")
+    p.add_argument("--out", type=Path, help="run directory (default runs/<preset>-<time>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    p.add_argument("--weights-only", action="store_true",
+                   help="with --resume: continue from the run's weights alone where its checkpoint is not whole "
+                        "(optimizer and random state start afresh, so the result differs from an unbroken run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run that --out holds (without it, a folder holding a run is refused)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a model field, e.g. --set depth=8 --set drop_path_rate=0.1")
+    p.add_argument("--decoder-set", dest="decoder_args", action="append", default=None, metavar="FIELD=VALUE",
+                   help="--task caption: override a field of the captioner's decoder (decoder_args), e.g. "
+                        "--decoder-set depth=3 (default: {})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    quick = get_recipe("fmnist_quick")
+    g = p.add_argument_group("training fields (TrainConfig)",
+                             "Each overrides the preset's or config's value; the defaults shown are the "
+                             "fmnist_quick preset's, which trains when no --preset or --config is given.")
+    add_dataclass_flags(g, TrainConfig, defaults=quick)
+    a = p.add_argument_group("augmentation fields (TrainTransform)")
+    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_", defaults=quick.augment)
+    p.set_defaults(run=run_train)
+
+
+def parse_decoder_sets(items: list[str]) -> dict:
+    """`--decoder-set FIELD=VALUE` items as JSON values (strings staying strings); TrainConfig checks the fields."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--decoder-set takes FIELD=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def parse_model_sets(items: list[str]) -> dict:
+    """`--set FIELD=VALUE` items as model fields: JSON values, plain strings staying strings, e.g.
+    ['depth=3', 'stem=[[32,1]]'] -> {'depth': 3, 'stem': [[32, 1]]}. Unknown fields are a UsageError."""
+    from vitscope.vit import ViTConfig
+
+    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        if k not in model_fields:
+            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _read_config_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise UsageError(f"{what}: {path} does not exist" if path.exists() is False else f"{what}: {path} is a folder")
+    try:
+        base = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{what}: {path} is not valid JSON: {e}") from e
+    if not isinstance(base, dict):
+        raise UsageError(f"{what}: {path} holds {json.dumps(base)[:40]}, not a JSON object of training fields "
+                         f"(like a run's config.json)")
+    return base
+
+
+def build_train_config(args):
+    from vitscope.training.loop import TrainConfig
+    from vitscope.training.recipes import get_recipe
+
+    if args.resume:
+        base = _read_config_json(args.resume / "config.json", "cannot resume")
+    elif args.config:
+        base = _read_config_json(args.config, "config file")
+    else:
+        base = get_recipe(args.preset or ("caption_quick" if args.task == "caption" else "fmnist_quick")).to_dict()
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None and k != "decoder_args"}
+    aug = {k[4:]: v for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
+    if args.resume and (given or aug or args.set or args.decoder_args or args.out or args.overwrite):
+        raise UsageError("--resume continues the saved config exactly; drop the other training flags")
+    if args.weights_only and not args.resume:
+        raise UsageError("--weights-only goes with --resume RUN_DIR")
+    base.update(given)
+    augment = base.get("augment", {})
+    if not isinstance(augment, dict):
+        raise UsageError(f"augment must be an object of augmentation fields, got {augment!r}")
+    base["augment"] = {**augment, **aug}
+    if args.set:
+        if not isinstance(base.setdefault("model_args", {}), dict):
+            raise UsageError(f"model_args must be an object of model fields, got {base['model_args']!r}")
+        base["model_args"].update(parse_model_sets(args.set))
+    if args.decoder_args:
+        if not isinstance(base.setdefault("decoder_args", {}), dict):
+            raise UsageError(f"decoder_args must be an object of decoder fields, got {base['decoder_args']!r}")
+        base["decoder_args"].update(parse_decoder_sets(args.decoder_args))
+    try:
+        return TrainConfig.from_dict(base)
+    except TypeError as e:  # a field missing or of a kind the dataclass cannot even take
+        raise UsageError(f"the training config does not fit TrainConfig: {e}") from e
+
+
+def run_train(args) -> int:
+    from vitscope.training.loop import train
+
+    cfg = build_train_config(args)
+    if args.resume:
+        run_dir = args.resume
+    else:
+        run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"run directory: {run_dir}", flush=True)
+    result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,
+                   progress=not args.no_progress)
+    if result.stopped == "signal":
+        print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
+        return 130
+    if cfg.task == "caption" and not cfg.dataset.startswith("fmnist_scenes"):
+        shown = f"CIDEr-D {result.test_acc:.4f} (best {result.best_acc:.4f})"
+    else:
+        metric = "accuracy" if cfg.task == "classify" else "item accuracy"
+        shown = f"{metric} {100 * result.test_acc:.2f}%  (best {100 * result.best_acc:.2f}%)"
+    print(f"{cfg.eval_split} {shown}, training {result.train_time_s / 60:.1f} min, "
+          f"{result.images_per_s:.0f} images/s")
+    files = ("curves.png, confusion.png, explorer.html, summary.json" if cfg.task == "classify" else
+             "curves.png, caption_attention.png, captions.html, summary.json; vitscope eval / caption RUN")
+    print(f"run directory: {run_dir}  ({files})")
+    return 0

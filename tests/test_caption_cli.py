@@ -1,0 +1,139 @@
+"""The caption commands on a tiny run: `vitscope train --task caption`, `vitscope eval RUN` (greedy and beam,
+BLEU/CIDEr-D and the grounded measures), `vitscope caption RUN IMAGES` (lines and JSON), and every bad input
+the issue lists as one line with exit code 2 that leaves the run as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from test_caption_models import one_thread  # noqa: F401 (autouse)
+from test_caption_train import toy_scenes
+from vitscope.caption import task as caption_task
+from vitscope.cli import main
+
+TINY = ["--task", "caption", "--model", "vit_tiny_patch7_28", "--set", "depth=1", "--set", "embed_dim=32",
+        "--set", "num_heads=2", "--decoder-set", "dim=32", "--decoder-set", "depth=1", "--decoder-set", "num_heads=2",
+        "--dataset", "fmnist_scenes", "--epochs", "4", "--batch-size", "8", "--eval-batch-size", "16",
+        "--lr", "3e-3", "--amp", "fp32", "--threads", "1", "--max-len", "40", "--explain-images", "2",
+        "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def toy_data():
+    with pytest.MonkeyPatch.context() as mp:
+        real = caption_task.load_caption_dataset
+
+        def load(name, split, **kw):
+            if name == "fmnist_scenes" and split in ("train", "test"):
+                return toy_scenes(split, 96 if split == "train" else 12)
+            return real(name, split, **kw)
+
+        mp.setattr(caption_task, "load_caption_dataset", load)
+        yield
+
+
+@pytest.fixture(scope="module")
+def run_dir(toy_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("caption") / "run"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    return out
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def one_line_error(capsys, code, *fragments):
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("vitscope "), err
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in err, err
+    return err
+
+
+def test_train_writes_a_caption_run(run_dir):
+    for name in ("best.safetensors", "curves.png", "caption_attention.png", "captions.html", "summary.json"):
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "config.json").read_text())["task"] == "caption"
+
+
+def test_eval_reports_greedy_and_beam(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--beam", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "BLEU-4" in out and "CIDEr-D" in out and "grounding" in out
+    lines = out.splitlines()
+    assert any(line.startswith("greedy") for line in lines) and any(line.startswith("beam 3") for line in lines)
+    assert main(["eval", str(run_dir), "--beam", "3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    greedy, beam = summary["decoding"]["greedy"], summary["decoding"]["beam 3"]
+    assert summary["images"] == 12 and greedy["beam"] == 1 and beam["beam"] == 3
+    for m in (greedy, beam):
+        assert 0 <= m["bleu4"] <= m["bleu1"] <= 1 and m["cider"] >= 0 and 0 <= m["item_accuracy"] <= 1
+    # the run's own figure for the same decoding
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["test_item_accuracy"] == pytest.approx(greedy["item_accuracy"])
+
+
+def test_caption_prints_captions_for_files_and_folders(run_dir, tmp_path, capsys):
+    folder = tmp_path / "scenes"
+    folder.mkdir()
+    data = toy_scenes("test", 3)
+    for i in range(3):
+        Image.fromarray(data.images[i, 0].numpy()).save(folder / f"scene{i}.png")
+    assert main(["caption", str(run_dir), str(folder), "--beam", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [Path(r["file"]).name for r in rows] == ["scene0.png", "scene1.png", "scene2.png"]
+    assert all(r["caption"] and r["words"] and r["score"] <= 0 for r in rows)
+    assert main(["caption", str(run_dir), str(folder / "scene1.png"), "--beam", "2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(rows[1]["caption"])  # the same image, the same caption
+
+
+def _coco(tmp_path: Path, captions: list[dict], files=("a.png",)) -> Path:
+    (tmp_path / "images").mkdir(exist_ok=True)
+    for f in files:
+        Image.fromarray(np.full((8, 8, 3), 100, np.uint8)).save(tmp_path / "images" / f)
+    images = [{"id": i, "file_name": f} for i, f in enumerate(("a.png", "b.png"))]
+    path = tmp_path / "captions.json"
+    path.write_text(json.dumps({"images": images, "annotations": captions}))
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing image", "empty caption"])
+def test_a_bad_caption_file_is_one_line_and_no_run_directory(tmp_path, capsys, case):
+    anns = [{"image_id": 0, "caption": "a grey square"}, {"image_id": 1, "caption": "another grey square"}]
+    if case == "empty caption":
+        anns[1]["caption"] = "  "
+    path = _coco(tmp_path, anns, files=("a.png",) if case == "missing image" else ("a.png", "b.png"))
+    out = tmp_path / "run"
+    code = main(["train", "--task", "caption", "--dataset", "coco", "--data-dir", str(tmp_path / "images"),
+                 "--captions-file", str(path), "--model", "vit_tiny_patch7_28", "--image-size", "28",
+                 "--batch-size", "1", "--out", str(out), "--no-progress"])
+    one_line_error(capsys, code, "b.png" if case == "missing image" else "empty caption")
+    assert not out.exists()
+
+
+def test_bad_inputs_to_eval_and_caption_are_one_line_and_lose_nothing(run_dir, tmp_path, capsys):
+    before = snapshot(run_dir)
+    image = tmp_path / "scene.png"
+    Image.fromarray(toy_scenes("test", 1).images[0, 0].numpy()).save(image)
+    one_line_error(capsys, main(["eval", str(run_dir), "--split", "valid"]), "valid")  # an unknown split
+    other = tmp_path / "vocab.json"
+    other.write_text(json.dumps({"format": "vitscope.caption.vocab/1",
+                                 "words": ["<pad>", "<bos>", "<eos>", "<unk>", "cat", "dog"]}))
+    one_line_error(capsys, main(["caption", str(run_dir), str(image), "--vocab", str(other)]),
+                   "vocabulary has 6 words")
+    one_line_error(capsys, main(["caption", str(run_dir), str(image), "--beam", "0"]), "--beam", "at least 1")
+    one_line_error(capsys, main(["caption", str(run_dir), str(image), "--max-len", "999"]), "999", "40 positions")
+    one_line_error(capsys, main(["eval", str(run_dir), "--max-len", "41"]), "41")
+    one_line_error(capsys, main(["train", *TINY, "--eval-split", "valid", "--out", str(tmp_path / "r2")]), "valid")
+    assert not (tmp_path / "r2").exists()
+    one_line_error(capsys, main(["train", *TINY, "--aug-flip", "true", "--out", str(tmp_path / "r3")]), "flip")
+    assert snapshot(run_dir) == before  # nothing written, nothing removed

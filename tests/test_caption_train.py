@@ -1,0 +1,142 @@
+"""Captioning through vitscope's one training loop: a tiny run end to end (metrics, checkpoints with the
+vocabulary, the per-word figure, the explorer), bit-identical resume for both captioners, and the shared
+pieces it needed (the decoder's cross-attention weights, Muon's output layers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from test_caption_models import one_thread  # noqa: F401 (autouse)
+from vitscope.caption import task as caption_task
+from vitscope.caption.dataset import CaptionDataset
+from vitscope.caption.scenes import ITEM, ScenesConfig, make_scenes
+from vitscope.caption.task import VOCAB_KEY, vocab_from_metadata
+from vitscope.data.transforms import TrainTransform
+from vitscope.decoder import TransformerDecoder
+from vitscope.training.loop import TrainConfig, train
+from vitscope.training.optim import muon_param_names
+
+
+def toy_scenes(split: str, n: int) -> CaptionDataset:
+    """2 x 2 scenes of flat items whose brightness is their class: a tiny encoder can tell them apart."""
+    labels = torch.arange(60) % 10
+    items = ((labels + 1) * 23).to(torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, ITEM, ITEM).contiguous()
+    images, scenes, captions = make_scenes(items, labels, n, config=ScenesConfig(), split=split)
+    return CaptionDataset(images, captions, "fmnist_scenes2", (0.3,), (0.3,),
+                          names=[f"{split}-{i}" for i in range(n)], scenes=scenes)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """`fmnist_scenes` as 96 training and 12 test scenes (the loop and the CLI read it by name)."""
+    real = caption_task.load_caption_dataset
+
+    def load(name, split, **kw):
+        if name != "fmnist_scenes":
+            return real(name, split, **kw)
+        if split not in ("train", "test"):
+            return real(name, split, **kw)  # its own error
+        return toy_scenes(split, 96 if split == "train" else 12)
+
+    monkeypatch.setattr(caption_task, "load_caption_dataset", load)
+
+
+def tiny_caption_config(**kw) -> TrainConfig:
+    base = dict(task="caption", captioner="transformer", model="vit_tiny_patch7_28",
+                model_args=dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2.0),
+                decoder_args=dict(dim=32, depth=1, num_heads=2, mlp_ratio=2.0, drop=0.0), dataset="fmnist_scenes",
+                epochs=6, batch_size=8, eval_batch_size=16, lr=3e-3, warmup_epochs=0.3, amp="fp32", max_len=40,
+                explain_images=2, threads=1, augment=TrainTransform(crop="none", flip=False))
+    if kw.get("captioner") == "lstm":
+        base["decoder_args"] = dict(embed_dim=32, hidden_dim=32, attn_dim=16, drop=0.0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_a_caption_run_trains_end_to_end_through_the_loop(toy, tmp_path):
+    res = train(tiny_caption_config(), tmp_path, progress=False)
+    for name in ("config.json", "metrics.jsonl", "best.safetensors", "last.safetensors", "curves.png",
+                 "summary.json", "caption_attention.png", "captions.html"):
+        assert (tmp_path / name).is_file(), name
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5, 6] and rows[-1]["step"] == 72
+    assert rows[-1]["train_loss"] < 0.6 * rows[0]["train_loss"]  # it learns
+    assert rows[-1]["test_loss"] < rows[0]["test_loss"]
+    assert max(r["test_item_accuracy"] for r in rows) > 0  # and names some items in their cells
+    assert {"test_bleu4", "test_cider", "test_item_accuracy", "test_exact_match", "test_grounding"} <= set(rows[-1])
+    assert res.test_acc == rows[-1]["test_item_accuracy"]  # the metric best.safetensors follows
+    with safe_open(str(tmp_path / "last.safetensors"), "pt") as f:
+        meta = f.metadata()
+    vocab = vocab_from_metadata(meta)  # the vocabulary travels with the weights
+    assert "sneaker" in vocab.index and meta[VOCAB_KEY]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["task"] == "caption" and summary["vocabulary"] == len(vocab)
+    assert summary["test"]["item_accuracy"] == res.test_acc
+
+
+@pytest.mark.parametrize("captioner,optimizer", [("transformer", "adamw"), ("transformer", "muon"), ("lstm", "adamw")])
+def test_a_caption_run_resumed_mid_epoch_is_bit_identical(toy, tmp_path, captioner, optimizer):
+    cfg = tiny_caption_config(captioner=captioner, optimizer=optimizer, epochs=2, batch_size=32, explain_images=0)
+    train(cfg, tmp_path / "whole", progress=False)
+    train(cfg, tmp_path / "cut", progress=False, max_steps=4)  # stops inside the second epoch (3 steps each)
+    train(cfg, tmp_path / "cut", progress=False, resume=True)
+    a, b = load_file(str(tmp_path / "whole" / "last.safetensors")), load_file(str(tmp_path / "cut" / "last.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+    def rows(d):
+        return [{k: v for k, v in json.loads(line).items() if k not in ("train_time_s", "images_per_s")}
+                for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+    assert rows(tmp_path / "whole") == rows(tmp_path / "cut")
+
+
+def test_the_decoder_returns_the_cross_attention_its_blocks_compute():
+    torch.manual_seed(0)
+    dec = TransformerDecoder(11, 16, 2, 2, 8, context_dim=12).eval()
+    tokens, context = torch.randint(0, 11, (3, 5)), torch.randn(3, 7, 12)
+    logits, weights = dec(tokens, context, return_weights=True)
+    torch.testing.assert_close(logits, dec(tokens, context))  # the explicit softmax path against the fused one
+    assert weights.shape == (3, 5, 2, 2, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, 5, 2, 2))
+    x = dec.pos_embed(dec.token_embed(tokens))
+    for i, block in enumerate(dec.blocks):  # each block's own cross-attention, block by block
+        x, _, w = block(x, context, return_weights=True)
+        torch.testing.assert_close(weights[:, :, i], w.transpose(1, 2))
+
+
+def test_muon_leaves_the_captioners_output_layer_to_adamw(toy):
+    from vitscope.caption.task import CaptionTask, CaptionTaskConfig
+    from vitscope.caption.transformer import EncoderSpec
+
+    data = toy_scenes("train", 8)
+    task = CaptionTask(CaptionTaskConfig(encoder=EncoderSpec("vit_tiny_patch7_28", dict(depth=1, embed_dim=32,
+                                                                                      num_heads=2)),
+                                         decoder=dict(dim=32, depth=1, num_heads=2)), data.build_vocab())
+    names = set(muon_param_names(task.build_model(img_size=56, in_chans=1)))
+    assert "decoder.head.weight" not in names  # reads out words as a classifier's head reads out classes
+    assert "decoder.token_embed.weight" not in names and "decoder.pos_embed.weight" not in names
+    assert "decoder.blocks.0.cross_attn.proj.weight" in names and "encoder.blocks.0.attn.qkv.weight" in names
+
+
+def test_the_lstm_attends_as_additive_attention_with_its_keys_projected_once():
+    from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
+    from vitscope.caption.transformer import EncoderSpec
+
+    torch.manual_seed(0)
+    model = ShowAttendTell(ShowAttendTellConfig(9, EncoderSpec("vit_tiny_patch7_28", dict(depth=1, embed_dim=32,
+                                                                                          num_heads=2)),
+                                                embed_dim=16, hidden_dim=24, attn_dim=8))
+    h, memory = torch.randn(3, 24), torch.randn(3, 5, 32)
+    keep = torch.tensor([[True] * 5, [True, True, False, False, True], [False] * 5])  # the last: no token at all
+    want = model.attention(h, memory, mask=keep)
+    got = model._attend(h, memory, model.attention.key_proj(memory), keep)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w)
+    assert torch.equal(got[1][2], torch.zeros(5))
