@@ -11,7 +11,9 @@ schedule, checkpoints, resume, DDP, signals, the NaN stop, the run directory).
 
 ClassifyTask is what vitscope has always trained (its numbers are the loop's, bit for bit); CaptionTask
 trains a captioner (vitscope.caption) on one reference caption per image per epoch, drawn from the loop's
-generator, so a resumed run draws the same ones.
+generator, so a resumed run draws the same ones. Under DDP each rank's caption loss is the mean over its own
+target tokens and DDP averages the ranks' gradients, so N processes match one process to within the ranks'
+differing token counts (a classifier's rows weigh the same, so there they match exactly).
 """
 
 from __future__ import annotations
