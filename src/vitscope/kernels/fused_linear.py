@@ -76,7 +76,7 @@ def _cpu_onednn(x: Tensor, weight: Tensor) -> bool:
     """CPU tensors in the strided layout, x with rows, and oneDNN not switched off by the user
     (torch.backends.mkldnn.flags)."""
     return (x.device.type == "cpu" and weight.device.type == "cpu" and x.layout == torch.strided and x.dim() >= 2
-            and x.shape[-1] == weight.shape[-1] and torch.backends.mkldnn.enabled)  # else F.linear's own message
+            and torch.backends.mkldnn.enabled)
 
 
 def bfloat16_inputs(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -344,7 +344,7 @@ class Linear(nn.Linear):
     The same parameters, state dict, hooks and gradients as `nn.Linear`; elsewhere it is `F.linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not x.is_cpu or not registry.enabled():  # the paths below are for CPU tensors
+        if not x.is_cpu or not registry.enabled() or x.shape[-1] != self.in_features:  # else F.linear's message
             return F.linear(x, self.weight, self.bias)
         if fusable(x, self.weight, self.bias):
             return linear(x, self.weight, self.bias)
