@@ -281,6 +281,7 @@ class CaptionTask:
     def report(self, run_dir, cfg, model, result, final) -> None:
         """curves.png, summary.json, caption_attention.png (the per-word figure) and captions.html."""
         from vitscope.caption.run import write_caption_report
+        from vitscope.caption.vocab import detokenize
         from vitscope.kernels import allocator
         from vitscope.training.curves import plot_curves, read_metrics
         from vitscope.weights.checkpoints import atomic_write
@@ -291,7 +292,7 @@ class CaptionTask:
         summary = {
             "task": "caption", "captioner": cfg.captioner, "model": cfg.model, "dataset": cfg.dataset,
             "test_metric": self.metric_name, "test_acc": result.test_acc, "best_test_acc": result.best_acc,
-            "test": dict(final["metrics"]), "examples": [" ".join(w) for w in final["captions"][:8]],
+            "test": dict(final["metrics"]), "examples": [detokenize(w) for w in final["captions"][:8]],
             "train_time_s": round(result.train_time_s, 1), "images_per_s": round(result.images_per_s, 1),
             "parameters": sum(p.numel() for p in model.parameters()), "vocabulary": len(self.caption.vocab),
             "epochs": cfg.epochs, "seed": cfg.seed,
