@@ -85,7 +85,8 @@ def test_a_caption_run_resumed_mid_epoch_is_bit_identical(toy, tmp_path, caption
     train(cfg, tmp_path / "whole", progress=False)
     train(cfg, tmp_path / "cut", progress=False, max_steps=4)  # stops inside the second epoch (3 steps each)
     train(cfg, tmp_path / "cut", progress=False, resume=True)
-    a, b = load_file(str(tmp_path / "whole" / "last.safetensors")), load_file(str(tmp_path / "cut" / "last.safetensors"))
+    a = load_file(str(tmp_path / "whole" / "last.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "last.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
