@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from vitscope.cli.main import UsageError, add_kernels_flag, at_least, check_out_dir
-from vitscope.cli.predict import _image_files
+from vitscope.cli.predict import _image_files, _readable_images
 
 
 def add_caption_options(p: argparse.ArgumentParser, *, beam_default: int) -> None:
@@ -75,7 +75,7 @@ def run_caption(args) -> int:
     results = []
     for s in range(0, len(files), args.batch_size):
         x, chunk = _readable_images(files[s : s + args.batch_size], named, channels=run.channels,
-                                    size=run.image_size)
+                                    size=run.image_size, prog="vitscope caption")
         if not chunk:
             continue
         with torch.no_grad():
@@ -92,29 +92,6 @@ def run_caption(args) -> int:
         for r in results:
             print(f"{r['file']:<{width}}  {r['caption']}")
     return 0
-
-
-def _readable_images(files: list[Path], named: set[Path], *, channels: int, size: tuple[int, int]):
-    """(uint8 (B, C, H, W), the files it holds): a file found in a folder that does not decode is named on
-    stderr and skipped; a file the user named still raises (as `vitscope predict` reads them)."""
-    import torch
-
-    from vitscope.inspect.images import load_image_files
-
-    try:
-        return load_image_files(files, channels=channels, size=size), files
-    except ValueError:
-        pass
-    xs, kept = [], []
-    for f in files:
-        try:
-            xs.append(load_image_files([f], channels=channels, size=size))
-            kept.append(f)
-        except ValueError as e:
-            if f in named:
-                raise
-            print(f"vitscope caption: skipped: {e}", file=sys.stderr)
-    return (torch.cat(xs) if xs else None), kept
 
 
 # -- eval ----------------------------------------------------------------------------------------------

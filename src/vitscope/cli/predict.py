@@ -39,7 +39,8 @@ def _image_files(paths: list[Path]) -> list[Path]:
     return files
 
 
-def _readable_images(files: list[Path], named: set[Path], *, channels: int, size: tuple[int, int]):
+def _readable_images(files: list[Path], named: set[Path], *, channels: int, size: tuple[int, int],
+                     prog: str = "vitscope predict"):
     """(uint8 (B, C, H, W), the files it holds): a file found in a folder that does not decode is named on
     stderr and skipped, so one bad file does not stop a folder; a file the user named still raises."""
     import torch
@@ -58,7 +59,7 @@ def _readable_images(files: list[Path], named: set[Path], *, channels: int, size
         except ValueError as e:
             if f in named:
                 raise
-            print(f"vitscope predict: skipped: {e}", file=sys.stderr)
+            print(f"{prog}: skipped: {e}", file=sys.stderr)
     return (torch.cat(xs) if xs else None), kept
 
 
