@@ -134,3 +134,25 @@ def test_training_from_pretrained_weights_starts_from_them_and_resumes_offline(h
     shutil.rmtree(tmp_path / "cache")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert train(cfg, run, resume=True, progress=False).stopped == "finished"
+
+
+def test_a_conv_stem_checkpoint_starts_a_headless_encoder_of_another_size_and_channels(tmp_path):
+    # the caption recipe's start: a 28 x 28 grayscale classifier's weights -> a 56 x 56 encoder without a head
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    classifier = create_model("vit_fmnist_quick")
+    path = tmp_path / "best.safetensors"
+    save_file(classifier.state_dict(), str(path))
+    encoder = create_model("vit_fmnist_quick", pretrained=path, num_classes=0, img_size=56)
+    own = encoder.state_dict()
+    for k, v in classifier.state_dict().items():
+        if not k.startswith("head."):
+            assert torch.equal(own[k], v), k
+    # 3 channels: the stem's first conv (not the projection after it) gets the grayscale kernel spread over
+    # them, so a gray RGB image gives the grayscale model's features
+    rgb = create_model("vit_fmnist_quick", pretrained=path, num_classes=0, in_chans=3).eval()
+    x = torch.rand(2, 1, 28, 28)
+    classifier.eval()
+    torch.testing.assert_close(rgb.forward_features(x.expand(-1, 3, -1, -1)), classifier.forward_features(x),
+                               atol=1e-5, rtol=1e-4)

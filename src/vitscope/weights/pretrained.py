@@ -136,7 +136,10 @@ def load_pretrained(model: VisionTransformer, source: str | Path | dict[str, Ten
                 sd[key] = own[key].clone()  # another number of classes: the model's fresh head
             else:
                 del sd[key]  # num_classes=0: no head
-    w = sd.get("patch_embed.proj.weight")
+    # the conv that reads the image: the stem's first when there is a stem (the projection then reads its
+    # channels, not the image's), else the patch projection
+    first = "patch_embed.stem.0.weight" if "patch_embed.stem.0.weight" in own else "patch_embed.proj.weight"
+    w = sd.get(first)
     if w is not None and w.dim() == 4 and w.shape[1] != model.config.in_chans:
-        sd["patch_embed.proj.weight"] = adapt_input_channels(w, model.config.in_chans)
+        sd[first] = adapt_input_channels(w, model.config.in_chans)
     return load_timm_state_dict(model, sd)
