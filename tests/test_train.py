@@ -165,6 +165,41 @@ def test_resume_mid_epoch_is_bit_identical(tmp_path, optimizer):
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
 
 
+def test_evaluations_inside_the_epoch_log_rows_and_change_nothing_else(tmp_path):
+    # 22 steps an epoch: --eval-every-steps 8 adds rows at steps 8, 16 (epoch 1) and 24, 32, 40 (epoch 2)
+    plain = train(tiny_config(epochs=2), tmp_path / "plain", progress=False)
+    often = train(tiny_config(epochs=2, eval_every_steps=8), tmp_path / "often", progress=False)
+    rows = [json.loads(r) for r in (tmp_path / "often" / "metrics.jsonl").read_text().splitlines()]
+    steps = [8, 16, 22, 24, 32, 40, 44]
+    assert [r["step"] for r in rows] == steps
+    assert [r["epoch"] for r in rows] == [1 if s == 22 else 2 if s == 44 else round(s / 22, 4) for s in steps]
+    times = [r["train_time_s"] for r in rows]
+    assert times == sorted(times)
+    # the evaluations draw no random numbers and leave the model training: the same weights and final rows
+    assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "often"))
+    plain_rows = [json.loads(r) for r in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["test_acc"] for r in plain_rows] == [rows[2]["test_acc"], rows[6]["test_acc"]]
+    assert often.test_acc == plain.test_acc
+
+
+def test_init_weights_starts_from_another_runs_weights(tmp_path):
+    first = tmp_path / "first"
+    train(tiny_config(epochs=1), first, progress=False)
+    start = weights(first, "best.safetensors")
+    # 0 steps of training: the model saved at step 0 is the file's; a resumed run would keep its own
+    cfg = tiny_config(epochs=1, init_weights=str(first / "best.safetensors"), lr=1e-9, min_lr=0.0)
+    train(cfg, tmp_path / "second", progress=False, max_steps=1)
+    after = weights(tmp_path / "second")
+    for k, v in start.items():
+        torch.testing.assert_close(after[k], v, atol=1e-6, rtol=0, msg=k)
+    # a missing file is refused when a run starts (a resumed run never reads it), before the directory exists
+    with pytest.raises(ValueError, match="init_weights: no file"):
+        train(tiny_config(init_weights=str(tmp_path / "missing.safetensors")), tmp_path / "third", progress=False)
+    assert not (tmp_path / "third").exists()
+    with pytest.raises(ValueError, match="give one"):
+        tiny_config(init_weights=str(first / "best.safetensors"), pretrained=True)
+
+
 def test_resume_from_a_damaged_or_missing_state_says_how_to_start_again(tmp_path):
     train(tiny_config(epochs=1), tmp_path, progress=False, max_steps=3)
     state = tmp_path / "step-00000003.state.pt"

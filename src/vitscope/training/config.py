@@ -17,6 +17,8 @@ from vitscope.data.transforms import TrainTransform
 from vitscope.fields import check_types
 from vitscope.training.optim import OptimizerName
 
+README_CLASSIFIER = "runs/fmnist_quick/best.safetensors"  # what `make run`, the README's main job, writes
+
 # torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
 MAX_SEED = 2**32 - 1
 
@@ -31,6 +33,10 @@ class TrainConfig:
     pretrained: bool = field(default=False, metadata={
         "help": "start from timm's ImageNet weights for the model (the *_patch16_224 presets; downloaded "
                 "once, adapted to the data's classes, channels and size; vitscope.weights.pretrained)"})
+    init_weights: str | None = field(default=None, metadata={
+        "help": "start the model (--task caption: its encoder) from this weights file: a vitscope run's "
+                "best.safetensors or a timm checkpoint (a head of another size is left out, the position table "
+                "resized)"})
     dataset: str = field(default="fashion_mnist", metadata={
         "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
     data_dir: str | None = field(default=None, metadata={
@@ -94,6 +100,9 @@ class TrainConfig:
         "help": "--task caption: the beam size of each evaluation (1: greedy decoding)"})
     captions_file: str | None = field(default=None, metadata={
         "help": "--task caption: the caption file for coco, karpathy or flickr8k (else found under --data-dir)"})
+    eval_every_steps: int = field(default=0, metadata={
+        "help": "also evaluate (and log a metrics row) every this many steps inside an epoch, for finer curves "
+                "(0: only at each epoch's end); its time is not training time"})
     # Every epoch's end saves a checkpoint; long epochs on large data want them more often as well.
     checkpoint_every_steps: int = field(default=0, metadata={
         "help": "also save a checkpoint every this many steps (0: only at each epoch's end)"})
@@ -188,6 +197,9 @@ def _check_ranges(cfg: TrainConfig) -> None:
         raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
     if cfg.image_size is not None:
         _at_least("image_size", cfg.image_size, 1, " pixel")
+    if cfg.init_weights is not None and cfg.pretrained:
+        raise ValueError("pretrained and init_weights both choose the starting weights; give one")
+    _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a

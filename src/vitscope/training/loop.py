@@ -289,6 +289,32 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
 
+    def evaluate_and_log(epoch: float) -> dict:
+        """Evaluate, write the metrics row (`epoch` is fractional inside an epoch: --eval-every-steps) and
+        keep the best weights; the running epoch's training loss and accuracy are those so far."""
+        nonlocal ev_step
+        ev = task.evaluate(ema or model, device=device, bf16=s.bf16, info=info)
+        # The evaluation is not a step: without this the bar's first rate after it counted its seconds as
+        # one step's (the quick preset's time left read 6 hours for a while); its clock shows training time.
+        bar.unpause()
+        ev_step = at.step
+        count = max(at.epoch_count, 1)
+        row = {"epoch": epoch, "step": at.step, "lr": lr_at(at.step - 1, total, warmup, cfg),
+               "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
+               "test_loss": ev["loss"], "test_acc": ev["acc"], "train_time_s": round(at.train_time_s, 2),
+               "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None,
+               **task.row(ev)}
+        log(row)
+        if info.is_main:
+            shown = f"epoch {epoch}/{cfg.epochs}" if isinstance(epoch, int) else f"epoch {epoch:.2f}, step {at.step}"
+            bar.write(f"{shown}  train loss {row['train_loss']:.4f}  "
+                      f"{cfg.eval_split} {task.metric_name} {100 * ev['acc']:.2f}%  "
+                      f"({at.train_time_s / 60:.1f} min)")
+        if ev["acc"] > at.best_acc:
+            at.best_acc = ev["acc"]
+            save("best")
+        return ev
+
     stopped = "finished"
     end = total if max_steps is None else min(total, max_steps)
     bar = tqdm(total=total, initial=at.step, disable=not (progress and info.is_main), unit="step",
@@ -334,7 +360,13 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
                 if D.any_flag(stopper.flag, info):
                     stopped = "signal"
                     break
-                if i < steps_per_epoch - 1 and at.step < end and due():
+                inside = i < steps_per_epoch - 1 and at.step < end
+                if inside and cfg.eval_every_steps and at.step % cfg.eval_every_steps == 0:
+                    at.train_time_s += time.perf_counter() - t0
+                    ev = evaluate_and_log(round(at.step / steps_per_epoch, 4))
+                    model.train()
+                    t0 = time.perf_counter()
+                if inside and due():
                     at.train_time_s += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     save("last")
@@ -342,26 +374,8 @@ def _run(cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir
             if at.step % steps_per_epoch:  # stopped inside the epoch (a signal, max_steps)
                 save("last")
                 break
-            ev = task.evaluate(ema or model, device=device, bf16=s.bf16, info=info)
-            # The evaluation is not a step: without this the bar's first rate after it counted its seconds as
-            # one step's (the quick preset's time left read 6 hours for a while); its clock shows training time.
-            bar.unpause()
-            ev_step = at.step
-            count = max(at.epoch_count, 1)
-            row = {"epoch": epoch + 1, "step": at.step, "lr": lr_at(at.step - 1, total, warmup, cfg),
-                   "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
-                   "test_loss": ev["loss"], "test_acc": ev["acc"], "train_time_s": round(at.train_time_s, 2),
-                   "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None,
-                   **task.row(ev)}
+            ev = evaluate_and_log(epoch + 1)
             at.epoch_loss_sum, at.epoch_correct, at.epoch_count = 0.0, 0, 0
-            log(row)
-            if info.is_main:
-                bar.write(f"epoch {epoch + 1}/{cfg.epochs}  train loss {row['train_loss']:.4f}  "
-                          f"{cfg.eval_split} {task.metric_name} {100 * ev['acc']:.2f}%  "
-                          f"({at.train_time_s / 60:.1f} min)")
-            if ev["acc"] > at.best_acc:
-                at.best_acc = ev["acc"]
-                save("best")
             save("last")
             if stopped == "signal":
                 break

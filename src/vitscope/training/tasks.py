@@ -19,6 +19,7 @@ differing token counts (a classifier's rows weigh the same, so there they match 
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.training import distributed as D
-from vitscope.training.config import TrainConfig
+from vitscope.training.config import README_CLASSIFIER, TrainConfig
 
 
 @dataclass
@@ -96,7 +97,7 @@ class ClassifyTask:
             transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
         _check_batch(cfg, len(train_set), "images")
         torch.manual_seed(cfg.seed)
-        model = create_model(cfg.model, pretrained=cfg.pretrained and not resume,  # resumed: the run's own weights
+        model = create_model(cfg.model, pretrained=start_weights(cfg, resume),
                              **{"num_classes": len(train_set.classes), "in_chans": c,
                                 "img_size": (h, w) if h != w else h, **cfg.model_args})
         return cls(cfg, train_set, eval_set, transform, model, criterion, evaluator)
@@ -154,6 +155,20 @@ class ClassifyTask:
         write_report(run_dir, cfg, model, result, final, self.eval_set, self.transform)
 
 
+def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
+    """create_model's `pretrained`: timm's weights, a file's, or none; a resumed run has its own (so the
+    file is looked for here, when a run starts, and not when a config is read)."""
+    if resume:
+        return False
+    if cfg.init_weights is None:
+        return cfg.pretrained
+    if not os.path.isfile(cfg.init_weights):
+        hint = (" (the caption presets start from the README's classifier: run `make run` first, or train from "
+                "scratch with --init-weights none)" if cfg.init_weights == README_CLASSIFIER else "")
+        raise ValueError(f"init_weights: no file {cfg.init_weights}{hint}")
+    return cfg.init_weights
+
+
 def _check_batch(cfg: TrainConfig, n: int, what: str) -> None:
     if n < cfg.batch_size:
         raise ValueError(f"batch_size {cfg.batch_size} is larger than the training set ({n} {what})")
@@ -207,8 +222,7 @@ class CaptionTask:
         c, h, w = train_set.image_shape
         decoder = {**cfg.decoder_args, "label_smoothing": cfg.label_smoothing}
         config = CaptionTaskConfig(kind=cfg.captioner, decoder=decoder, max_len=cfg.max_len,
-                                   encoder=EncoderSpec(cfg.model, dict(cfg.model_args),
-                                                       cfg.pretrained and not resume))
+                                   encoder=EncoderSpec(cfg.model, dict(cfg.model_args), start_weights(cfg, resume)))
         caption = Captioning(config, vocab)
         torch.manual_seed(cfg.seed)
         model = caption.build_model(in_chans=c, img_size=(h, w) if h != w else h)
