@@ -24,17 +24,18 @@ VOCAB = 7  # <pad> <bos> <eos> <unk> + 3 words
 MAX_LEN = 6
 
 
-def tiny(kind: str, *, seed: int = 0, class_token: bool = True):
+def tiny(kind: str, *, seed: int = 0, class_token: bool = True, memory_pos: bool = False):
     torch.manual_seed(seed)
     enc = EncoderSpec("vit_tiny_patch4_28", dict(depth=1, embed_dim=16, num_heads=2, img_size=8, patch_size=4,
                                                   class_token=class_token,
                                                   global_pool="token" if class_token else "avg"))
     if kind == "transformer":
         model = TransformerCaptioner(TransformerCaptionerConfig(vocab_size=VOCAB, encoder=enc, dim=16, depth=2,
-                                                                num_heads=2, max_len=MAX_LEN, drop=0.0))
+                                                                num_heads=2, max_len=MAX_LEN, drop=0.0,
+                                                                memory_pos=memory_pos))
     else:
         model = ShowAttendTell(ShowAttendTellConfig(vocab_size=VOCAB, encoder=enc, embed_dim=16, hidden_dim=16,
-                                                    attn_dim=8, max_len=MAX_LEN, drop=0.0))
+                                                    attn_dim=8, max_len=MAX_LEN, drop=0.0, memory_pos=memory_pos))
     # Wide random weights: distinct, confident next-token distributions (no near-ties to break).
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.4)
@@ -62,8 +63,9 @@ def _stepwise(model, x, tokens, *, use_cache=True, memory_padding=None):
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_teacher_forced_logits_equal_step_by_step(kind, use_cache):
-    model, x = tiny(kind), images()
+@pytest.mark.parametrize("memory_pos", [False, True])
+def test_teacher_forced_logits_equal_step_by_step(kind, use_cache, memory_pos):
+    model, x = tiny(kind, memory_pos=memory_pos), images()
     with torch.no_grad():
         forced = model(x, TOKENS)
         forced_logits = forced[0] if kind == "lstm" else forced
@@ -157,3 +159,26 @@ def test_weight_decay_only_on_matrices(kind):
     assert all(model.get_parameter(n).ndim >= 2 for n in decayed)
     assert not decayed & model.no_weight_decay() and "encoder.pos_embed" in model.no_weight_decay()
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["transformer", "lstm"])
+def test_memory_positions_start_as_the_2d_sincos_table_added_to_every_image_token(kind):
+    from vitscope.positional import sincos_2d
+
+    torch.manual_seed(0)
+    enc = EncoderSpec("vit_tiny_patch4_28", dict(depth=1, embed_dim=16, num_heads=2, img_size=8, patch_size=4))
+    config = (TransformerCaptionerConfig(vocab_size=VOCAB, encoder=enc, dim=16, depth=1, num_heads=2, max_len=MAX_LEN,
+                                         memory_pos=True) if kind == "transformer" else
+              ShowAttendTellConfig(vocab_size=VOCAB, encoder=enc, embed_dim=16, hidden_dim=16, attn_dim=8,
+                                   max_len=MAX_LEN, memory_pos=True))
+    model = (TransformerCaptioner if kind == "transformer" else ShowAttendTell)(config).eval()
+    table = model.memory_pos.table  # (1, 1 + 2 x 2, 16): the class token, then the patches in reading order
+    assert torch.equal(table[0, 0], torch.zeros(16))
+    torch.testing.assert_close(table[0, 1:], sincos_2d(2, 2, 16), rtol=0, atol=0)
+    x = images()
+    with torch.no_grad():
+        plain = model.encoder.forward_features(x)
+        plain = plain if model.encoder.fc_norm is None or isinstance(model.encoder.fc_norm, torch.nn.Identity) \
+            else model.encoder.fc_norm(plain)
+        torch.testing.assert_close(model.encode(x) - plain, table.expand(3, -1, -1), rtol=0, atol=1e-6)
+    assert "memory_pos.table" in model.no_weight_decay()

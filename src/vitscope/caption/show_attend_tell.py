@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import AdditiveAttention
-from vitscope.caption.transformer import EncoderSpec, build_encoder, encode_tokens, param_groups, token_counts
+from vitscope.caption.transformer import (
+    EncoderSpec,
+    MemoryPositions,
+    build_encoder,
+    encode_tokens,
+    param_groups,
+    token_counts,
+)
 from vitscope.caption.vocab import PAD
 
 
@@ -44,6 +51,7 @@ class ShowAttendTellConfig:
     drop: float = 0.3
     attention_reg: float = 1.0  # lambda of the doubly stochastic regulariser
     label_smoothing: float = 0.0
+    memory_pos: bool = False  # add MemoryPositions to the encoder's tokens
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +83,7 @@ class ShowAttendTell(nn.Module):
         self.config = config
         e = config.encoder
         self.encoder = build_encoder(e.preset, e.overrides, e.pretrained)
+        self.memory_pos = MemoryPositions(self.encoder) if config.memory_pos else None
         d, hd, emb = self.encoder.config.embed_dim, config.hidden_dim, config.embed_dim
         self.embed = nn.Embedding(config.vocab_size, emb)
         self.init_h = nn.Linear(d, hd)
@@ -91,13 +100,14 @@ class ShowAttendTell(nn.Module):
         self.grid = self.encoder.patch_embed.grid_size
 
     def no_weight_decay(self) -> set[str]:
-        return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"embed.weight"}
+        return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {"embed.weight", "memory_pos.table"}
 
     def param_groups(self, weight_decay: float) -> list[dict]:
         return param_groups(self, weight_decay)
 
     def encode(self, images: Tensor) -> Tensor:
-        return encode_tokens(self.encoder, images)  # (B, N, De)
+        memory = encode_tokens(self.encoder, images)  # (B, N, De)
+        return memory if self.memory_pos is None else self.memory_pos(memory)
 
     def _initial(self, memory: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor]:
         if keep is None:

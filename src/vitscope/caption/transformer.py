@@ -31,6 +31,7 @@ from vitscope.attention import KVCache
 from vitscope.caption.vocab import PAD
 from vitscope.decoder import Caches, TransformerDecoder
 from vitscope.models import create_model
+from vitscope.positional import sincos_2d
 from vitscope.vit import VisionTransformer
 
 
@@ -50,6 +51,28 @@ def encode_tokens(encoder: VisionTransformer, images: Tensor) -> Tensor:
     if isinstance(encoder.norm, nn.Identity) and not isinstance(encoder.fc_norm, nn.Identity):
         x = encoder.fc_norm(x)
     return x
+
+
+class MemoryPositions(nn.Module):
+    """A learned position per image token, added to the encoder's output before a decoder reads it, as
+    DETR adds positions to the keys its decoder cross-attends to. Initialised with the 2-D sin-cos table
+    (zeros at prefix tokens such as the class token).
+
+    Why: the encoder's own positions enter at its input only; a classifier trained to pool its tokens
+    keeps little of them by the last block, and a captioner must say where each item is. With a
+    classifier's encoder, caption_quick's item accuracy was 46% after 234 steps without this table
+    (benchmarks/RESULTS.md, Captioning).
+    """
+
+    def __init__(self, encoder: VisionTransformer):
+        super().__init__()
+        gh, gw = encoder.patch_embed.grid_size
+        d = encoder.config.embed_dim
+        table = torch.cat([torch.zeros(encoder.num_prefix_tokens, d), sincos_2d(gh, gw, d)])
+        self.table = nn.Parameter(table[None])  # (1, N, De)
+
+    def forward(self, memory: Tensor) -> Tensor:
+        return memory + self.table  # (B, N, De)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -93,6 +116,7 @@ class TransformerCaptionerConfig:
     max_len: int = 32  # positions, <bos> included: the longest caption decoded or trained
     drop: float = 0.1
     label_smoothing: float = 0.0
+    memory_pos: bool = False  # add MemoryPositions to the encoder's tokens
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,6 +150,7 @@ class TransformerCaptioner(nn.Module):
             config.vocab_size, config.dim, config.depth, config.num_heads, config.max_len,
             context_dim=self.encoder.config.embed_dim, mlp_ratio=config.mlp_ratio, drop=config.drop,
         )
+        self.memory_pos = MemoryPositions(self.encoder) if config.memory_pos else None
         self.max_len = config.max_len
         self.num_prefix_tokens = self.encoder.num_prefix_tokens
         self.grid = self.encoder.patch_embed.grid_size  # (gh, gw) of the image tokens after the prefix
@@ -133,13 +158,14 @@ class TransformerCaptioner(nn.Module):
     # -- training --------------------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
         return {f"encoder.{n}" for n in self.encoder.no_weight_decay()} | {
-            "decoder.token_embed.weight", "decoder.pos_embed.weight"}
+            "decoder.token_embed.weight", "decoder.pos_embed.weight", "memory_pos.table"}
 
     def param_groups(self, weight_decay: float) -> list[dict]:
         return param_groups(self, weight_decay)
 
     def encode(self, images: Tensor) -> Tensor:
-        return encode_tokens(self.encoder, images)  # (B, N, De)
+        memory = encode_tokens(self.encoder, images)  # (B, N, De)
+        return memory if self.memory_pos is None else self.memory_pos(memory)
 
     def forward(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
         """Teacher forcing: images (B, C, H, W), tokens (B, T) <bos> ... <eos> <pad>... ->
