@@ -264,6 +264,9 @@ class MultiHeadAttention(nn.Module):
         kv = rearrange(self.kv(context), "b m (two h d) -> two b h m d", two=2, h=self.num_heads)
         k, v = self.k_norm(kv[0]), kv[1]
         if cache is not None:
+            # contiguous once here, or every later step's q @ kᵀ copies the strided view again
+            # (two-thirds of greedy decoding's time before; docs/performance.md)
+            k, v = k.contiguous(), v.contiguous()
             cache.k, cache.v = k, v
         return self.q_norm(q), k, v
 
