@@ -67,9 +67,24 @@ def _bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {s!r}")
 
 
+class _NoneGiven:
+    """What `--flag none` parses to: None itself would read as 'flag not given' and keep the preset's value."""
+
+    def __repr__(self) -> str:
+        return "none"
+
+
+NONE_GIVEN = _NoneGiven()
+
+
+def given_value(value):
+    """A parsed flag's value for the config: `--flag none` -> None."""
+    return None if value is NONE_GIVEN else value
+
+
 def _none_or(kind):
     def parse(s: str):
-        return None if s.lower() == "none" else kind(s)
+        return NONE_GIVEN if s.lower() == "none" else kind(s)
     parse.__name__ = kind.__name__
     return parse
 

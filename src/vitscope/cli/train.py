@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from vitscope.cli.main import UsageError, add_dataclass_flags
+from vitscope.cli.main import UsageError, add_dataclass_flags, given_value
 
 
 def add_train_parser(sub) -> None:
@@ -107,8 +107,11 @@ def build_train_config(args):
     else:
         base = get_recipe(args.preset or ("caption_quick" if args.task == "caption" else "fmnist_quick")).to_dict()
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None and k != "decoder_args"}
-    aug = {k[4:]: v for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
+    given = {k: given_value(v) for k, v in vars(args).items() if k in fields and v is not None and k != "decoder_args"}
+    aug = {k[4:]: given_value(v) for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
+    if base.get("init_weights") and "model" in given and given["model"] != base.get("model") \
+            and "init_weights" not in given:
+        base["init_weights"] = None  # the preset's starting weights are its own model's
     if args.resume and (given or aug or args.set or args.decoder_args or args.out or args.overwrite):
         raise UsageError("--resume continues the saved config exactly; drop the other training flags")
     if args.weights_only and not args.resume:
