@@ -76,9 +76,9 @@ def test_eval_reports_greedy_and_beam(run_dir, capsys):
     assert summary["images"] == 12 and greedy["beam"] == 1 and beam["beam"] == 3
     for m in (greedy, beam):
         assert 0 <= m["bleu4"] <= m["bleu1"] <= 1 and m["cider"] >= 0 and 0 <= m["item_accuracy"] <= 1
-    # the run's own figure for the same decoding
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["test_item_accuracy"] == pytest.approx(greedy["item_accuracy"])
+    # the run's own figure for its best evaluation, whose weights best.safetensors holds
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["test_item_accuracy"] for r in rows) == pytest.approx(greedy["item_accuracy"])
 
 
 def test_caption_prints_captions_for_files_and_folders(run_dir, tmp_path, capsys):
@@ -137,3 +137,23 @@ def test_bad_inputs_to_eval_and_caption_are_one_line_and_lose_nothing(run_dir, t
     assert not (tmp_path / "r2").exists()
     one_line_error(capsys, main(["train", *TINY, "--aug-flip", "true", "--out", str(tmp_path / "r3")]), "flip")
     assert snapshot(run_dir) == before  # nothing written, nothing removed
+
+
+def test_the_caption_preset_without_the_readme_classifier_says_to_run_it_first(toy_data, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no runs/fmnist_quick here
+    code = main(["train", "--preset", "caption_quick", "--out", "cap", "--no-progress"])
+    one_line_error(capsys, code, "runs/fmnist_quick/best.safetensors", "make run", "--init-weights none")
+    assert not (tmp_path / "cap").exists()
+
+
+def test_init_weights_none_and_another_encoder_drop_the_presets_starting_weights():
+    from vitscope.cli import build_parser, build_train_config
+
+    preset = "runs/fmnist_quick/best.safetensors"
+    for flags, want in ((["--init-weights", "none"], None), (["--model", "vit_tiny_patch7_28"], None),
+                        (["--model", "vit_tiny_patch7_28", "--init-weights", "w.safetensors"], "w.safetensors"),
+                        ([], preset), (["--clip-grad", "none"], preset)):
+        cfg = build_train_config(build_parser().parse_args(["train", "--preset", "caption_quick", *flags]))
+        assert cfg.init_weights == want, flags
+    assert cfg.clip_grad is None  # `--flag none` overrides a preset's value (it used to read as not given)

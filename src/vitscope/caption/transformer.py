@@ -59,9 +59,9 @@ class MemoryPositions(nn.Module):
     (zeros at prefix tokens such as the class token).
 
     Why: the encoder's own positions enter at its input only; a classifier trained to pool its tokens
-    keeps little of them by the last block, and a captioner must say where each item is. With a
-    classifier's encoder, caption_quick's item accuracy was 46% after 234 steps without this table
-    (benchmarks/RESULTS.md, Captioning).
+    keeps little of them by the last block, and a captioner must say where each item is (its errors
+    without the table were mostly items named at the wrong cell). The measured effect on caption_quick
+    is in benchmarks/RESULTS.md, Captioning.
     """
 
     def __init__(self, encoder: VisionTransformer):
