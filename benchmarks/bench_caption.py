@@ -71,13 +71,16 @@ def curves(run_dirs: list[Path], png: Path | None) -> None:
     for d in run_dirs:
         cfg = json.loads((d / "config.json").read_text())
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        label = f"{cfg.get('captioner', '?')} (seed {cfg.get('seed')}, {d.name})"
+        init = cfg.get("init_weights")
+        start = f"encoder from {Path(init).parent.name}" if init else "from scratch"
+        label = f"{cfg.get('captioner', '?')}, {start}, seed {cfg.get('seed')}"
         runs.append((label, rows))
+    print(_header() + "\n")
     print("| run | epoch | train min | item accuracy % | exact match % | BLEU-4 | CIDEr-D | grounding % |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, rows in runs:
         for r in rows:
-            print(f"| {label} | {r['epoch']} | {r['train_time_s'] / 60:.1f} | {100 * r['test_acc']:.2f} | "
+            print(f"| {label} | {r['epoch']:.2f} | {r['train_time_s'] / 60:.1f} | {100 * r['test_acc']:.2f} | "
                   f"{100 * r.get('test_exact_match', float('nan')):.2f} | {r.get('test_bleu4', float('nan')):.4f} | "
                   f"{r.get('test_cider', float('nan')):.3f} | {100 * r.get('test_grounding', float('nan')):.1f} |")
     if png is None:
@@ -91,6 +94,8 @@ def curves(run_dirs: list[Path], png: Path | None) -> None:
                 label=label)
     ax.set(xlabel="training wall time (min)", ylabel="test item accuracy (%), greedy",
            title="Fashion-MNIST scenes: transformer vs LSTM-with-attention captioner")
+    cpu = next((line[7:] for line in _header().splitlines() if line.startswith("- CPU: ")), "")
+    fig.text(0.01, 0.005, f"{cpu}; item accuracy as the loop evaluates it (greedy)", fontsize=7, color="0.4")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
