@@ -188,7 +188,13 @@ def test_the_weight_gradient_matches_float64_at_least_as_well_as_onednn(n, c, o,
         return
     scale = exact.abs().max().item()
     torch.testing.assert_close(ours.double(), exact, rtol=1e-5, atol=1e-6 * scale)
-    assert (ours.double() - exact).abs().max() <= (onednn.double() - exact).abs().max() * 1.5 + 1e-7 * scale
+    # As close as oneDNN, or within float32's rounding of a sum of K terms, sqrt(K)·u·Σ|g x| (oneDNN picks its
+    # own kernel from the real CPU, while VITSCOPE_ISA=avx2 on an AVX-512 CPU runs this one beside it).
+    terms = n * g.shape[-2] * g.shape[-1]
+    magnitude, _ = _reference(g.abs(), x.abs(), wt, stride, pad, torch.float32)
+    rounding = (terms ** 0.5 * 2.0 ** -24 * magnitude).max().item()
+    err, err_onednn = ((t.double() - exact).abs().max().item() for t in (ours, onednn))
+    assert err <= max(err_onednn * 1.5, rounding) + 1e-7 * scale, (err, err_onednn, rounding)
 
 
 @needs_f32_kernel

@@ -99,6 +99,7 @@ def test_each_instruction_set_needs_the_one_before_it():
 
 
 def test_an_instruction_set_runs_only_where_the_cpu_lists_its_features(monkeypatch):
+    monkeypatch.delenv("VITSCOPE_ISA", raising=False)  # the CPU's own features, uncapped (test-every-isa caps)
     features = set(native.ISAS["avx512_bf16"][1])
     monkeypatch.setattr(native, "cpu_features", lambda: features)
     assert native._lacking("avx512") is None and native._lacking("avx512_bf16") is None
@@ -109,10 +110,13 @@ def test_an_instruction_set_runs_only_where_the_cpu_lists_its_features(monkeypat
 
 @needs_library
 def test_what_this_machine_runs_is_what_its_cpu_has():
-    have = native.cpu_features()
+    have = native.cpu_features()  # as VITSCOPE_ISA caps them
+    names, cap = list(native.ISAS), native.isa_cap()
     for isa, (_, features) in native.ISAS.items():
         if not set(features) <= have:
-            assert not native.has(isa) and "lacks" in native.why_not(isa)
+            # refused: above the cap, for the cap; else for the features this CPU lacks
+            capped = cap is not None and names.index(isa) > names.index(cap)
+            assert not native.has(isa) and ("capped" if capped else "lacks") in native.why_not(isa)
         elif isa != "amx":  # AMX may also be refused by the kernel (arch_prctl)
             assert native.has(isa) and native.why_not(isa) is None
 
