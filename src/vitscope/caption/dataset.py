@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from vitscope.caption.vocab import Vocabulary, tokenize
+from vitscope.caption.vocab import MAX_WORDS, Vocabulary, tokenize
 
 
 @dataclass
@@ -38,9 +38,15 @@ class CaptionDataset:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
         if len(self.captions) != self.images.shape[0]:
             raise ValueError(f"{self.images.shape[0]} images but captions for {len(self.captions)}")
-        bare = [i for i, c in enumerate(self.captions) if not c]
-        if bare:
-            raise ValueError(f"image {self.names[bare[0]] if self.names else bare[0]} has no caption")
+        for i, caps in enumerate(self.captions):
+            name = self.names[i] if i < len(self.names) else i
+            if not isinstance(caps, list):
+                raise ValueError(f"image {name} has captions {caps!r:.40}; give a list of caption strings")
+            if not caps:
+                raise ValueError(f"image {name} has no caption")
+            bad = next((c for c in caps if not isinstance(c, str) or not c.strip()), None)
+            if bad is not None:
+                raise ValueError(f"image {name} has the caption {bad!r:.40}; each caption is a non-empty string")
         if self.scenes is not None and len(self.scenes) != len(self.captions):
             raise ValueError(f"{len(self.captions)} images but {len(self.scenes)} scene records")
         self.images = self.images.contiguous()
@@ -57,9 +63,11 @@ class CaptionDataset:
         """Every reference as words, grouped per image: what the metrics compare against."""
         return [[tokenize(c) for c in caps] for caps in self.captions]
 
-    def build_vocab(self, *, min_count: int = 1) -> Vocabulary:
-        """The vocabulary of these captions; call it on the TRAINING split only."""
-        return Vocabulary.build((c for caps in self.captions for c in caps), min_count=min_count)
+    def build_vocab(self, *, min_count: int = 1, max_words: int = MAX_WORDS) -> Vocabulary:
+        """The vocabulary of these captions; call it on the TRAINING split only. Refuses one with no
+        word or past `max_words`, and warns when most words become <unk> (`Vocabulary.build`)."""
+        return Vocabulary.build((c for caps in self.captions for c in caps), min_count=min_count,
+                                max_words=max_words)
 
     def pairs(self, vocab: Vocabulary, *, max_len: int | None = None) -> tuple[Tensor, Tensor]:
         """(image_index (P,) int64, tokens (P, T) int64): one row per reference caption, <bos> ...

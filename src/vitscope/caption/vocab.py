@@ -19,15 +19,22 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
+from vitscope.errors import ConfigError
+
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 FORMAT = "vitscope.caption.vocab/1"
+# The most words a built vocabulary may hold. COCO's training captions hold tens of thousands of
+# distinct words; a vocabulary past this is a broken caption file (each word an output row and an
+# embedding row: 200,000 words took 2.1 GB), so it is refused with the min_count that fits.
+MAX_WORDS = 100_000
 
 # A word: letters/digits, with inner hyphens or apostrophes; anything else that is not space is a
 # punctuation token of its own.
@@ -57,18 +64,24 @@ class Vocabulary:
         self.index = {w: i for i, w in enumerate(words)}
 
     @classmethod
-    def build(cls, captions: Iterable[str | Sequence[str]], *, min_count: int = 1) -> Vocabulary:
+    def build(cls, captions: Iterable[str | Sequence[str]], *, min_count: int = 1,
+              max_words: int = MAX_WORDS) -> Vocabulary:
         """From the TRAINING captions only (raw strings or token lists). Words seen fewer than
         `min_count` times become <unk>. Order: count, most frequent first, then alphabetical, so
-        the same captions give the same ids on every machine."""
-        if min_count < 1:
-            raise ValueError(f"min_count must be at least 1, got {min_count}")
+        the same captions give the same ids on every machine.
+
+        Refused (ConfigError, one line saying what to set): a vocabulary with no word, only
+        punctuation, and one past `max_words`. Warned: when most training tokens become <unk>."""
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise ConfigError(f"vocab_min_count (--vocab-min-count) must be a whole number of at least 1, "
+                              f"got {min_count!r}")
         counts: Counter[str] = Counter()
         for c in captions:
             counts.update(tokenize(c) if isinstance(c, str) else c)
         for s in SPECIALS:
             counts.pop(s, None)
         kept = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
+        _check_kept(counts, kept, min_count, max_words)
         return cls([*SPECIALS, *kept])
 
     def __len__(self) -> int:
@@ -143,6 +156,35 @@ class Vocabulary:
     @classmethod
     def from_json(cls, text: str) -> Vocabulary:
         return cls.from_dict(json.loads(text))
+
+
+def _check_kept(counts: Counter[str], kept: list[str], min_count: int, max_words: int) -> None:
+    """Refuse a vocabulary that cannot caption (no word, or too many to hold); warn when most
+    training tokens fall out of it."""
+    setting = "vocab_min_count (--vocab-min-count)"
+    words = [w for w, _ in counts.most_common() if not is_punctuation(w)]
+    if not words:
+        raise ConfigError("the training captions hold no word (only punctuation or nothing); "
+                          "give captions with words")
+    if not any(not is_punctuation(w) for w in kept):
+        best = words[0]
+        raise ConfigError(f"{setting} {min_count:,} keeps no word: the most frequent training word, {best!r}, is seen "
+                          f"{counts[best]:,} times, so every caption would be <unk>; set it to at most "
+                          f"{counts[best]:,} (1 keeps every word)")
+    if len(kept) > max_words:
+        # the smallest min_count that keeps at most max_words words
+        enough = sorted(counts.values(), reverse=True)[max_words] + 1
+        keeps = sum(n >= enough for n in counts.values())
+        fix = (f"raise {setting} to {enough:,}, which keeps {keeps:,} words, or check the captions" if keeps
+               else "check the captions: nearly every word in them is different")
+        raise ConfigError(f"the training captions give {len(kept):,} words at {setting} {min_count:,}, more than the "
+                          f"{max_words:,} a vocabulary may hold; {fix}")
+    total = sum(counts.values())
+    unknown = total - sum(counts[w] for w in kept)
+    if unknown > total / 2:
+        warnings.warn(f"{unknown / total:.0%} of the training captions' words become <unk> at {setting} "
+                      f"{min_count:,} (it keeps {len(kept):,} of {len(counts):,} distinct words), so the captioner "
+                      "learns to say <unk>; lower it", stacklevel=3)
 
 
 _CLOSING = set(",;:.!?)]}'")
