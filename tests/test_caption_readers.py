@@ -55,7 +55,7 @@ def test_coco_bad_inputs(tmp_path):
     empty = _coco(tmp_path, annotations=[{"image_id": 7, "caption": "  "}])
     with pytest.raises(DataError) as e:
         load_coco(empty, tmp_path / "imgs")
-    assert "empty caption" in _one_line(e) and "annotation 0" in str(e.value)
+    assert "empty caption" in _one_line(e) and "'annotations' entry 0" in str(e.value)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(DataError) as e:
