@@ -116,6 +116,15 @@ def test_coco_entries_that_are_not_objects_or_lack_a_field(tmp_path):
     _raises(lambda: read_coco(path), "'images' entry 1 repeats the id 0")
 
 
+def test_json_that_python_cannot_read_names_the_file(tmp_path):
+    for text, said in (("[" * 100_000 + "]" * 100_000, "not valid JSON"),
+                       ('{"images": [{"id": ' + "9" * 5000 + ', "file_name": "a.png"}], "annotations": []}',
+                        "not valid JSON")):
+        path = tmp_path / "captions.json"
+        path.write_text(text)
+        _raises(lambda p=path: read_coco(p), str(path), said)
+
+
 def test_coco_file_without_annotations_says_so(tmp_path):
     path = coco_file(tmp_path, annotations=[])
     msg = _raises(lambda: load_coco(path, tmp_path / "images"), str(path), "no image has a caption",
@@ -144,6 +153,8 @@ def test_karpathy_tokens_that_are_a_string_are_refused_not_spelled_out(tmp_path)
     path = karpathy_file(tmp_path, {"sentences": [{"tokens": "a grey square"}]})
     _raises(lambda: read_karpathy(path, "train"), str(path), "sentence 0", "'tokens' the string 'a grey square'",
             "list of strings")
+    path = karpathy_file(tmp_path, {"sentences": [{"words": ["a", "grey", "square"]}]})
+    _raises(lambda: read_karpathy(path, "train"), "sentence 0 has neither 'raw' nor 'tokens'")
     path = karpathy_file(tmp_path, {"sentences": [{"tokens": ["a", 3]}]})
     _raises(lambda: read_karpathy(path, "train"), "'tokens' holding the number 3", "list of strings")
     # tokens are used when there is no raw text, and a blank raw text does not hide them

@@ -37,6 +37,7 @@ import torch
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.vocab import tokenize
 from vitscope.data import DataError, channel_stats, load_image
+from vitscope.errors import ConfigError
 
 OnError = Literal["skip", "raise"]
 
@@ -132,8 +133,8 @@ def _read_json(path: Path, what: str) -> dict:
         raise DataError(f"{path}: no such {what} file; give the path to it")
     try:
         data = json.loads(_read_text(path, what))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON ({e}); is it the {what} file?") from e
+    except (ValueError, RecursionError) as e:  # bad syntax, a number past Python's digit limit, deep nesting
+        raise DataError(f"{path}: not valid JSON ({str(e) or type(e).__name__}); is it the {what} file?") from e
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise DataError(f"{path}: has no 'images' list, so it is not a {what} file")
     return data
@@ -177,6 +178,9 @@ def _decode(files: Sequence[Path], names: Sequence[str], captions: list[list[str
             image_size: int, channels: int, on_error: OnError) -> CaptionDataset:
     """Decode every image (all to image_size x image_size), skipping or refusing unreadable ones."""
     from tqdm import tqdm
+
+    if on_error not in ("skip", "raise"):
+        raise ConfigError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
 
     arrays, kept, problems = [], [], []
     for i, f in enumerate(tqdm(files, desc=f"decoding {name}", unit="img", disable=True if len(files) < 500 else None)):
@@ -258,6 +262,8 @@ def read_karpathy(split_file: str | Path, split: str) -> tuple[list[str], list[l
         for j, s in enumerate(img["sentences"]):
             where = f"image {rel} ('images' entry {k}), sentence {j}"
             check_entry(s, KARPATHY_SENTENCE, path, where)
+            if "raw" not in s and "tokens" not in s:
+                raise DataError(f"{path}: {where} has neither 'raw' nor 'tokens'; give its caption in one of them")
             raw = s.get("raw")
             caps.append(_check_caption(raw if raw and raw.strip() else " ".join(s.get("tokens") or []), path, where))
         if not caps:
