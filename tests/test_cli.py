@@ -238,7 +238,8 @@ def test_every_train_flag_says_what_it_does_and_its_default():
     import argparse
     import dataclasses
 
-    from vitscope.cli.main import _shown, build_parser
+    from vitscope.cli.common import shown as _shown
+    from vitscope.cli.main import build_parser
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig
     from vitscope.training.recipes import get_recipe

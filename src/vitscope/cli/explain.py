@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from vitscope.cli.main import UsageError, add_kernels_flag, at_least, check_out_dir, os_error_line
+from vitscope.cli.common import UsageError, add_kernels_flag, at_least, check_out_dir, os_error_line
 from vitscope.data import DataError
 from vitscope.inspect.capture import CaptureTooLarge
 
@@ -95,8 +95,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def explain(args: argparse.Namespace) -> list[Path]:
+    from vitscope.data.image_files import load_image_files
     from vitscope.inspect.explorer import write_explorer
-    from vitscope.inspect.images import load_image_files, model_inputs
+    from vitscope.inspect.images import model_inputs
     from vitscope.inspect.importance import ablation_importance, gradient_importance
     from vitscope.inspect.plots import write_report
 

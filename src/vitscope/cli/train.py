@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from vitscope.cli.main import UsageError, add_dataclass_flags, given_value
+from vitscope.cli.common import UsageError, add_dataclass_flags, given_value, parse_model_sets
 
 
 def add_train_parser(sub) -> None:
@@ -56,26 +56,6 @@ def parse_decoder_sets(items: list[str]) -> dict:
         if "=" not in item:
             raise UsageError(f"--decoder-set takes FIELD=VALUE, got {item!r}")
         k, v = item.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
-def parse_model_sets(items: list[str]) -> dict:
-    """`--set FIELD=VALUE` items as model fields: JSON values, plain strings staying strings, e.g.
-    ['depth=3', 'stem=[[32,1]]'] -> {'depth': 3, 'stem': [[32, 1]]}. Unknown fields are a UsageError."""
-    from vitscope.vit import ViTConfig
-
-    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        if k not in model_fields:
-            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
