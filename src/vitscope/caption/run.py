@@ -127,8 +127,7 @@ def write_caption_report(run_dir: Path, model: Captioner, vocab: Vocabulary, dat
     """caption_attention.png: one panel per generated word with where it looked, for the first test image
     with the most items (the lecture's figure); captions.html: the caption explorer over `images` test
     images. Returns the files written."""
-    from vitscope.caption.plots import caption_figure
-    from vitscope.inspect.caption_explorer import write_caption_explorer
+    from vitscope.caption.plots import caption_figure, write_caption_explorer
 
     model.eval()
     written = []

@@ -5,8 +5,12 @@ A person picks an image, reads its generated caption, clicks a word and sees whe
 looked: the transformer's cross-attention of one layer or the mean of layers, one head or the mean
 of heads; the LSTM's alignment map. The image's reference captions stand beside it.
 
-    write_caption_explorer(model, images, vocab, "captions.html", mean=ds.mean, std=ds.std,
-                           references=ds.captions[:8], beam=5)
+    data = caption_explorer_data(images, words, attentions, grid=(7, 7), num_prefix_tokens=1,
+                                 references=ds.captions[:8])
+    write_caption_page(data, "captions.html")
+
+The page takes plain data (words and their attention arrays), so it draws any captioner's output;
+`vitscope.caption.plots.write_caption_explorer` decodes a model's captions into it.
 
 Each word's attention travels as base64 float16, (T, L, H, N) per image (L = H = 1 for the LSTM).
 Tests read the shown map through `window.vitscope.currentMap()`.
@@ -87,23 +91,6 @@ def write_caption_page(data: dict, out_path: str | Path, *, title: str = "vitsco
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", text), encoding="utf-8")
     return out
-
-
-def write_caption_explorer(model, images: Tensor, vocab, out_path: str | Path, *, mean: Sequence[float],
-                           std: Sequence[float], beam: int = 5, max_len: int | None = None,
-                           references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
-                           title: str = "vitscope captions") -> Path:
-    """Caption uint8 `images` (B, C, H, W) with `model` (eval mode; normalised with the training
-    mean/std) and write the page."""
-    from vitscope.caption.decoding import decode
-    from vitscope.data import normalize
-
-    out = decode(model, normalize(images, mean, std), beam=beam, max_len=max_len)
-    words = out.words(vocab)
-    attentions = [a[: int(n)] for a, n in zip(out.attention, out.lengths)]
-    data = caption_explorer_data(images, words, attentions, grid=tuple(model.grid),
-                                 num_prefix_tokens=model.num_prefix_tokens, references=references, names=names)
-    return write_caption_page(data, out_path, title=title)
 
 
 PAGE = r"""<!DOCTYPE html>
