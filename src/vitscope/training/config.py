@@ -17,8 +17,6 @@ from vitscope.data.transforms import TrainTransform
 from vitscope.fields import check_types
 from vitscope.training.optim import OptimizerName
 
-README_CLASSIFIER = "runs/fmnist_quick/best.safetensors"  # what `make run`, the README's main job, writes
-
 # torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
 MAX_SEED = 2**32 - 1
 

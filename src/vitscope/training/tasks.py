@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.training import distributed as D
-from vitscope.training.config import README_CLASSIFIER, TrainConfig
+from vitscope.training.config import TrainConfig
 
 
 @dataclass
@@ -163,9 +163,7 @@ def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
     if cfg.init_weights is None:
         return cfg.pretrained
     if not os.path.isfile(cfg.init_weights):
-        hint = (" (the caption presets start from the README's classifier: run `make run` first, or train from "
-                "scratch with --init-weights none)" if cfg.init_weights == README_CLASSIFIER else "")
-        raise ValueError(f"init_weights: no file {cfg.init_weights}{hint}")
+        raise ValueError(f"init_weights: no file {cfg.init_weights}; give a weights file, or none to start afresh")
     return cfg.init_weights
 
 
