@@ -1,5 +1,5 @@
 """Hugging Face transformers' ViT in and out, without importing transformers: key maps, config conversion,
-`load_hf` and `export_hf` (also importable from vitscope.weights.checkpoints)."""
+`load_hf` and `export_hf`."""
 
 from __future__ import annotations
 
@@ -14,16 +14,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import (
-    PathLike,
-    StateDict,
-    _few,
-    _load_checked,
-    _load_safetensors,
-    _read_tensors,
-    _torch_load,
-    atomic_write,
-)
+from vitscope.weights.checkpoints import atomic_write
+from vitscope.weights.files import PathLike, StateDict, few, load_checked, read_safetensors, read_tensors, torch_load
 
 # -- key maps --------------------------------------------------------------------
 # Block parameters: (transformers 4 name, transformers 5 name) -> ours. "q"/"k"/"v" are fused into qkv.
@@ -111,7 +103,7 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
         else:
             unknown.append(key)
     if unknown:
-        raise ValueError(f"transformers checkpoint has tensors vitscope cannot map: {_few(unknown)}")
+        raise ValueError(f"transformers checkpoint has tensors vitscope cannot map: {few(unknown)}")
     for (i, kind), parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
             raise ValueError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
@@ -125,15 +117,15 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
 
 def _read_hf_folder(folder: Path) -> dict[str, Tensor]:
     if (folder / "model.safetensors").exists():
-        return _load_safetensors(folder / "model.safetensors")
+        return read_safetensors(folder / "model.safetensors")
     index = folder / "model.safetensors.index.json"
     if index.exists():
         sd: dict[str, Tensor] = {}
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            sd.update(_load_safetensors(folder / shard))
+            sd.update(read_safetensors(folder / shard))
         return sd
     if (folder / "pytorch_model.bin").exists():
-        return _torch_load(folder / "pytorch_model.bin")
+        return torch_load(folder / "pytorch_model.bin")
     raise FileNotFoundError(f"{folder} has no model.safetensors (or shards, or pytorch_model.bin)")
 
 
@@ -148,7 +140,7 @@ def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None)
     else:
         path = Path(source)
         folder = path if path.is_dir() else path.parent
-        sd = _read_hf_folder(path) if path.is_dir() else _read_tensors(path)
+        sd = _read_hf_folder(path) if path.is_dir() else read_tensors(path)
     if config is None:
         if folder is None or not (folder / "config.json").exists():
             raise ValueError("load_hf needs the transformers config: pass config= (a dict or a "
@@ -158,7 +150,7 @@ def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None)
         config = json.loads(Path(config).read_text())
     cfg, ours = hf_to_vitscope(sd, dict(config))
     model = VisionTransformer(cfg)
-    return _load_checked(model, ours, "transformers checkpoint").eval()
+    return load_checked(model, ours, "transformers checkpoint").eval()
 
 
 def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] | None = None,

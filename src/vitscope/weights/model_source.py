@@ -134,14 +134,14 @@ def _shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape under timm's names; a safetensors file is read for its header only."""
     from safetensors import safe_open
 
-    from vitscope.weights.checkpoints import _read_tensors, _strip_prefix
+    from vitscope.weights.files import read_tensors, strip_prefix
 
     if ckpt.suffix == ".safetensors":
         with safe_open(str(ckpt), framework="pt") as f:
             raw = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     else:
-        raw = {k: tuple(v.shape) for k, v in _read_tensors(ckpt).items()}
-    return _strip_prefix(raw)
+        raw = {k: tuple(v.shape) for k, v in read_tensors(ckpt).items()}
+    return strip_prefix(raw)
 
 
 def _info(model: VisionTransformer, meta: dict[str, str], source: Path, mean: float | None = None,

@@ -126,9 +126,10 @@ def adapt_input_channels(weight: Tensor, in_chans: int) -> Tensor:
 def load_pretrained(model: VisionTransformer, source: str | Path | dict[str, Tensor]) -> VisionTransformer:
     """Load a timm checkpoint (a file or a state dict) into `model`, adapting the head, the input channels
     and the position table where the model's shape differs; every other tensor must match exactly."""
-    from vitscope.weights.checkpoints import _as_state_dict, _strip_prefix, load_timm_state_dict
+    from vitscope.weights.checkpoints import load_timm_state_dict
+    from vitscope.weights.files import as_state_dict, strip_prefix
 
-    sd = _strip_prefix(_as_state_dict(source))
+    sd = strip_prefix(as_state_dict(source))
     own = model.state_dict()
     for key in ("head.weight", "head.bias"):
         if key in sd and (key not in own or own[key].shape != sd[key].shape):
