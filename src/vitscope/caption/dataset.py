@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from vitscope.caption.vocab import Vocabulary, tokenize
+from vitscope.errors import InputError
 
 
 @dataclass
@@ -37,12 +38,12 @@ class CaptionDataset:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
         if len(self.captions) != self.images.shape[0]:
-            raise ValueError(f"{self.images.shape[0]} images but captions for {len(self.captions)}")
+            raise InputError(f"{self.images.shape[0]} images but captions for {len(self.captions)}")
         bare = [i for i, c in enumerate(self.captions) if not c]
         if bare:
-            raise ValueError(f"image {self.names[bare[0]] if self.names else bare[0]} has no caption")
+            raise InputError(f"image {self.names[bare[0]] if self.names else bare[0]} has no caption")
         if self.scenes is not None and len(self.scenes) != len(self.captions):
-            raise ValueError(f"{len(self.captions)} images but {len(self.scenes)} scene records")
+            raise InputError(f"{len(self.captions)} images but {len(self.scenes)} scene records")
         self.images = self.images.contiguous()
 
     def __len__(self) -> int:

@@ -13,13 +13,14 @@ from pathlib import Path
 
 from vitscope.cli.bench import add_bench_parser
 from vitscope.cli.caption import add_caption_parser
-from vitscope.cli.common import EXIT_USAGE, Parser, UsageError, os_error_line
+from vitscope.cli.common import EXIT_USAGE, Parser, os_error_line
 from vitscope.cli.data import add_data_parser
 from vitscope.cli.eval import add_eval_parser
 from vitscope.cli.explain import add_explain_parser
 from vitscope.cli.models import add_models_parser
 from vitscope.cli.predict import add_predict_parser
 from vitscope.cli.train import add_train_parser
+from vitscope.errors import VitscopeError
 
 
 def build_parser() -> Parser:
@@ -49,12 +50,8 @@ def _plain_warnings(prog: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vitscope.data import DataError
     from vitscope.kernels import allocator
-    from vitscope.training.checkpointing import CheckpointError
-    from vitscope.training.loop import NonFiniteLoss
-    from vitscope.training.run_dir import RunDirError
-    from vitscope.weights.pretrained import WeightsError
+    from vitscope.training.loop import NonFiniteLoss  # a RuntimeError of its own: the loss went NaN or infinite
 
     parser = build_parser()
     try:
@@ -70,17 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         allocator.keep_freed_memory()
     try:
         return args.run(args)
-    except (UsageError, DataError, NonFiniteLoss, WeightsError, ValueError, KeyError, CheckpointError, RunDirError,
-            OSError, MemoryError) as e:
+    # What the user gave (VitscopeError), the system's answer on the user's paths (OSError) and running out of
+    # memory at the user's sizes are one line; anything else is a bug in vitscope and keeps its traceback.
+    except (VitscopeError, NonFiniteLoss, OSError, MemoryError) as e:
         if args.debug:
             raise
         if isinstance(e, OSError) and e.errno is not None:  # the system's, not one of vitscope's messages
             msg = os_error_line(e)
-        elif isinstance(e, MemoryError):
+        elif isinstance(e, MemoryError) and not isinstance(e, VitscopeError):
             msg = f"out of memory{': ' + str(e) if str(e) else ''}; use a smaller --batch-size or --image-size"
         else:
-            # a KeyError's str() is its key's repr; other messages keep their quotes
-            msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e).strip() or type(e).__name__
+            msg = str(e).strip() or type(e).__name__
         msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())  # one line
         print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_USAGE

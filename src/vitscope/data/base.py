@@ -18,8 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vitscope.errors import VitscopeError
 
-class DataError(Exception):
+
+class DataError(VitscopeError):
     """A data file is missing, damaged or not what was asked for. The message says what to do."""
 
 

@@ -30,6 +30,8 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitscope.errors import ConfigError
+
 # Past this the page gets slow to open; the error says how to shrink it.
 DEFAULT_MAX_PAGE_BYTES = 64 * 2**20
 
@@ -79,7 +81,7 @@ def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], att
                         "references": list(references[i]) if references is not None else [],
                         "name": names[i] if names is not None and i < len(names) else None})
     if size > max_bytes:
-        raise ValueError(f"the page would embed {size / 2**20:.1f} MiB of attention; pass fewer images or raise max_bytes")
+        raise ConfigError(f"the page would embed {size / 2**20:.1f} MiB of attention; pass fewer images or raise max_bytes")
     return {"grid": list(grid), "num_prefix_tokens": num_prefix_tokens, "image_size": list(images.shape[-2:]),
             "num_layers": int(shape[0]) if shape is not None else 1, "num_heads": int(shape[1]) if shape is not None else 1,
             "kind": "lstm" if attentions and attentions[0].ndim == 2 else "transformer", "images": entries}

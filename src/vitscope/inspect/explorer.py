@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
 from vitscope.inspect.capture import capture_attention
 from vitscope.inspect.explorer_page import PAGE
 from vitscope.inspect.images import display_image, model_inputs
@@ -60,7 +61,7 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
     size = weights.numel() * 2 * 4 // 3
     if size > max_bytes:
         per_image = size // b
-        raise ValueError(f"the explorer would embed {size / 2**20:.1f} MiB of attention weights "
+        raise ConfigError(f"the explorer would embed {size / 2**20:.1f} MiB of attention weights "
                          f"({per_image / 2**20:.1f} MiB per image, {len(layers)} layers x {weights.shape[2]} "
                          f"heads x {layout.num_tokens}² tokens); pass fewer images or raise max_bytes")
     roll = rollout(layers, num_prefix_tokens=layout.num_prefix_tokens)  # (B, N, N)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitscope.errors import ConfigError
+
 
 def model_inputs(images: Tensor, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
                  ) -> tuple[Tensor, Tensor]:
@@ -29,7 +31,7 @@ def model_inputs(images: Tensor, mean: Sequence[float] | None = None, std: Seque
     if mean is not None and std is not None:
         c = x.shape[1]
         if len(mean) != c or len(std) != c:
-            raise ValueError(f"mean/std need {c} values for {c}-channel images, "
+            raise ConfigError(f"mean/std need {c} values for {c}-channel images, "
                              f"got {tuple(mean)} / {tuple(std)}")
         m = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
         s = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)

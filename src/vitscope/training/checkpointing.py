@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from vitscope.errors import VitscopeError
 from vitscope.weights.checkpoints import (
     atomic_write,
     load_training_state,
@@ -56,7 +57,7 @@ def _fault(point: str) -> None:
         FAULT(point)
 
 
-class CheckpointError(Exception):
+class CheckpointError(VitscopeError):
     """A checkpoint that cannot be written, or a run that cannot be resumed from what it holds. One line."""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vitscope.data.transforms import TrainTransform
+from vitscope.errors import ConfigError
 from vitscope.training.loop import TrainConfig
 
 _RECIPES: dict[str, Callable[[], TrainConfig]] = {}
@@ -30,7 +31,7 @@ STARTS_FROM = {"caption_quick": "fmnist_quick", "caption_lstm_quick": "fmnist_qu
 
 def get_recipe(name: str) -> TrainConfig:
     if name not in _RECIPES:
-        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(list_recipes())}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(list_recipes())}")
     return _RECIPES[name]()
 
 

@@ -18,6 +18,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
+from vitscope.errors import VitscopeError
 from vitscope.training.checkpointing import (
     LAST,
     LEGACY_EMA,
@@ -35,7 +36,7 @@ RUN_MARKERS = ("config.json", "metrics.jsonl", MANIFEST, LAST, "best.safetensors
 RUN_FILES = (*RUN_MARKERS, LEGACY_EMA, "curves.png", "confusion.png", "explorer.html")
 
 
-class RunDirError(Exception):
+class RunDirError(VitscopeError):
     """A run directory that cannot be trained into as asked. The message says what to do."""
 
 

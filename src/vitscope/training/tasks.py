@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
 from vitscope.training import distributed as D
 from vitscope.training.config import TrainConfig
 
@@ -163,13 +164,13 @@ def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
     if cfg.init_weights is None:
         return cfg.pretrained
     if not os.path.isfile(cfg.init_weights):
-        raise ValueError(f"init_weights: no file {cfg.init_weights}; give a weights file, or none to start afresh")
+        raise ConfigError(f"init_weights: no file {cfg.init_weights}; give a weights file, or none to start afresh")
     return cfg.init_weights
 
 
 def _check_batch(cfg: TrainConfig, n: int, what: str) -> None:
     if n < cfg.batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} is larger than the training set ({n} {what})")
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set ({n} {what})")
 
 
 # -- captioning ------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from vitscope.errors import ConfigError, InputError
 from vitscope.positional import resample_pos_embed
 from vitscope.vit import VisionTransformer, ViTConfig
 from vitscope.weights.files import (
@@ -85,7 +86,7 @@ def model_file_writer(model: VisionTransformer, metadata: dict | None = None) ->
     header = {"format": "pt", "vitscope_format": FORMAT_VERSION, "config": json.dumps(model.config.to_dict())}
     for k, v in (metadata or {}).items():
         if k in header:
-            raise ValueError(f"metadata key {k!r} is reserved by vitscope; pick another name")
+            raise ConfigError(f"metadata key {k!r} is reserved by vitscope; pick another name")
         header[str(k)] = v if isinstance(v, str) else json.dumps(v)
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     return lambda tmp: save_file(tensors, tmp, metadata=header)
@@ -122,11 +123,11 @@ def load_model(path: PathLike, *, map_location: str | torch.device = "cpu") -> V
     """Rebuild the model saved by `save_model` from its config and load its weights strictly (eval mode)."""
     meta = read_metadata(path)
     if "config" not in meta:
-        raise ValueError(f"{path} has no vitscope config in its metadata; for timm weights use "
+        raise InputError(f"{path} has no vitscope config in its metadata; for timm weights use "
                          f"create_from_timm(), for transformers weights load_hf()")
     version = meta.get("vitscope_format", FORMAT_VERSION)
     if version != FORMAT_VERSION:
-        raise ValueError(f"{path} is vitscope checkpoint format {version}; this vitscope reads format "
+        raise InputError(f"{path} is vitscope checkpoint format {version}; this vitscope reads format "
                          f"{FORMAT_VERSION}. Upgrade vitscope.")
     model = VisionTransformer(ViTConfig.from_dict(json.loads(meta["config"])))
     load_checked(model, read_safetensors(path), source=str(path))
@@ -174,7 +175,7 @@ def config_from_timm_state_dict(state_dict: PathLike | StateDict, **hints) -> Vi
     """
     sd = strip_prefix(as_state_dict(state_dict))
     if "patch_embed.proj.weight" not in sd:
-        raise ValueError("not a timm ViT state dict: no 'patch_embed.proj.weight'")
+        raise InputError("not a timm ViT state dict: no 'patch_embed.proj.weight'")
     embed_dim, in_chans, patch, _ = sd["patch_embed.proj.weight"].shape
     depth = 1 + max((int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
     cfg: dict = dict(embed_dim=embed_dim, in_chans=in_chans, patch_size=patch, depth=depth,
@@ -197,12 +198,12 @@ def config_from_timm_state_dict(state_dict: PathLike | StateDict, **hints) -> Vi
         if side * side == grid:
             cfg["img_size"] = side * patch
         elif "img_size" not in hints:
-            raise ValueError(f"pos_embed has {grid} positions, not a square grid; pass img_size=(H, W)")
+            raise InputError(f"pos_embed has {grid} positions, not a square grid; pass img_size=(H, W)")
     else:
         cfg["pos_embed"] = "none"
     cfg.update(hints)
     if "num_heads" not in cfg:
-        raise ValueError(f"the number of heads cannot be read from the weights; pass num_heads= "
+        raise InputError(f"the number of heads cannot be read from the weights; pass num_heads= "
                          f"(timm's presets use embed_dim // 64 = {max(embed_dim // 64, 1)})")
     return ViTConfig(**cfg)
 

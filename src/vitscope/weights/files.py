@@ -22,6 +22,8 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
+from vitscope.errors import InputError
+
 StateDict = Mapping[str, Tensor]
 PathLike = str | os.PathLike
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
@@ -43,12 +45,12 @@ def check_state_dict(model: torch.nn.Module, state_dict: StateDict, *, source: s
             parts.append(f"it lacks {len(missing)} tensor(s) the model needs: {few(missing)}")
         if unexpected:
             parts.append(f"it has {len(unexpected)} tensor(s) the model does not know: {few(unexpected)}")
-        raise ValueError(f"{source} does not fit the model: " + "; ".join(parts) + ". Was it saved "
+        raise InputError(f"{source} does not fit the model: " + "; ".join(parts) + ". Was it saved "
                          "from a different kind of model (timm, transformers, another preset)?")
     for name, want in expected.items():
         got = state_dict[name]
         if _shape(got) != _shape(want):
-            raise ValueError(f"{source} tensor {name!r} has shape {_shape(got)} but the model expects "
+            raise InputError(f"{source} tensor {name!r} has shape {_shape(got)} but the model expects "
                              f"{_shape(want)} — was it saved from a different preset?")
 
 
@@ -62,13 +64,13 @@ def load_checked(model: ModuleT, state_dict: StateDict, source: str) -> ModuleT:
     return model
 
 
-def damaged(path: PathLike, e: Exception) -> ValueError:
+def damaged(path: PathLike, e: Exception) -> InputError:
     kind = sniff(path)
     if kind is not None:
-        return ValueError(f"{path} is {kind}, not a checkpoint vitscope can read: give the .safetensors file a "
+        return InputError(f"{path} is {kind}, not a checkpoint vitscope can read: give the .safetensors file a "
                           f"run wrote (or a timm or transformers checkpoint)")
     reason = str(e).split(". ")[0].rstrip(".") or type(e).__name__  # torch's reader adds a paragraph of guesses
-    return ValueError(f"{path} cannot be read ({reason}): the file is cut short or damaged. vitscope writes each "
+    return InputError(f"{path} cannot be read ({reason}): the file is cut short or damaged. vitscope writes each "
                       f"checkpoint whole, so it changed after it was saved (a copy or download that stopped?): "
                       f"copy it again, or use another checkpoint")
 
@@ -119,7 +121,7 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
     if path.is_dir():
-        raise ValueError(f"{path} is a folder, not a checkpoint file")
+        raise InputError(f"{path} is a folder, not a checkpoint file")
     if path.suffix == ".safetensors":
         return read_safetensors(path)
     obj = torch_load(path)
@@ -132,7 +134,7 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
             isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
         what = (f"a {type(obj).__name__}" if not isinstance(obj, Mapping) else
                 "an empty dict" if not obj else "a dict whose values are not all tensors")
-        raise ValueError(f"{path} holds {what}, not a state dict (tensor names to tensors): save the model's "
+        raise InputError(f"{path} holds {what}, not a state dict (tensor names to tensors): save the model's "
                          f"state_dict(), or use vitscope.weights.checkpoints.save_model")
     return dict(obj)
 
@@ -145,11 +147,11 @@ def torch_load(path: PathLike, map_location="cpu"):
     except pickle.UnpicklingError as e:
         if "weights only" not in str(e).lower() and "unsupported global" not in str(e).lower():
             raise damaged(path, e) from None  # a pickle stream cut short
-        raise ValueError(f"{path} holds Python objects other than tensors and plain containers; vitscope "
+        raise InputError(f"{path} holds Python objects other than tensors and plain containers; vitscope "
                          f"does not unpickle code. Re-save it with tensors, numbers and strings only."
                          ) from None
     except IsADirectoryError:
-        raise ValueError(f"{path} is a folder, not a checkpoint file") from None
+        raise InputError(f"{path} is a folder, not a checkpoint file") from None
     except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError, AttributeError, TypeError,
             UnicodeDecodeError, struct.error, zipfile.BadZipFile) as e:  # torch's reader on a cut-short or damaged file
         raise damaged(path, e) from None

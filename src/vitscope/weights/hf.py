@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from vitscope.errors import ConfigError, InputError
 from vitscope.vit import VisionTransformer, ViTConfig
 from vitscope.weights.checkpoints import atomic_write
 from vitscope.weights.files import PathLike, StateDict, few, load_checked, read_safetensors, read_tensors, torch_load
@@ -49,21 +50,21 @@ _HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=1
 def _vit_config_from_hf(c: dict, num_classes: int) -> ViTConfig:
     c = {**_HF_DEFAULTS, **c}
     if c.get("model_type", "vit") != "vit":
-        raise ValueError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
+        raise InputError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
     if c["hidden_act"] != "gelu":
-        raise ValueError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
+        raise InputError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
                          f"GELU, transformers' 'gelu'")
     dim, heads = c["hidden_size"], c["num_attention_heads"]
     if c.get("head_dim") not in (None, dim // heads) or dim % heads:
-        raise ValueError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
+        raise InputError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
     patch = c["patch_size"]
     if isinstance(patch, (list, tuple)):
         if patch[0] != patch[1]:
-            raise ValueError(f"only square patches are supported, got patch_size {patch}")
+            raise InputError(f"only square patches are supported, got patch_size {patch}")
         patch = patch[0]
     mlp_ratio = c["intermediate_size"] / dim
     if int(dim * mlp_ratio) != c["intermediate_size"]:
-        raise ValueError(f"intermediate_size {c['intermediate_size']} is not representable as "
+        raise InputError(f"intermediate_size {c['intermediate_size']} is not representable as "
                          f"int(hidden_size * mlp_ratio) for hidden_size {dim}")
     img = c["image_size"]
     return ViTConfig(
@@ -103,10 +104,10 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
         else:
             unknown.append(key)
     if unknown:
-        raise ValueError(f"transformers checkpoint has tensors vitscope cannot map: {few(unknown)}")
+        raise InputError(f"transformers checkpoint has tensors vitscope cannot map: {few(unknown)}")
     for (i, kind), parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
-            raise ValueError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
+            raise InputError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
                              f"of query/key/value {kind}")
         ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
     num_classes = ours["head.weight"].shape[0] if "head.weight" in ours else 0
@@ -143,7 +144,7 @@ def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None)
         sd = _read_hf_folder(path) if path.is_dir() else read_tensors(path)
     if config is None:
         if folder is None or not (folder / "config.json").exists():
-            raise ValueError("load_hf needs the transformers config: pass config= (a dict or a "
+            raise ConfigError("load_hf needs the transformers config: pass config= (a dict or a "
                              "config.json path)")
         config = folder / "config.json"
     if not isinstance(config, Mapping):
@@ -174,9 +175,9 @@ def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] |
         (cfg.num_classes <= 0, "no classifier head (num_classes=0)"),
     ] if bad]
     if problems:
-        raise ValueError("this model cannot be exported to transformers' ViT: " + "; ".join(problems))
+        raise ConfigError("this model cannot be exported to transformers' ViT: " + "; ".join(problems))
     if labels is not None and len(labels) != cfg.num_classes:
-        raise ValueError(f"{len(labels)} labels given for a {cfg.num_classes}-class head")
+        raise ConfigError(f"{len(labels)} labels given for a {cfg.num_classes}-class head")
     labels = labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     d, hidden = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
     img = list(cfg.img_size) if isinstance(cfg.img_size, tuple) else cfg.img_size

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from vitscope.errors import VitscopeError
 from vitscope.vit import VisionTransformer
 
 # vitscope preset -> the pretrained tag timm loads for it by default (ImageNet-21k, fine-tuned on 1k)
@@ -38,7 +39,7 @@ MEAN = 0.5
 STD = 0.5
 
 
-class WeightsError(RuntimeError):
+class WeightsError(VitscopeError, RuntimeError):
     """Pretrained weights could not be found or fetched; the message says what to do."""
 
 
