@@ -31,6 +31,7 @@ from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConf
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
 from vitscope.caption.vocab import PAD, Vocabulary
 from vitscope.errors import ConfigError, InputError
+from vitscope.io import atomic_write_text
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
 VOCAB_KEY = "vitscope.caption.vocab"  # the safetensors metadata key
@@ -153,11 +154,7 @@ def vocab_from_metadata(metadata: dict[str, str] | None) -> Vocabulary:
 
 
 def save_vocab(vocab: Vocabulary, path: str | Path) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(vocab.to_json(), encoding="utf-8")
-    tmp.replace(path)  # renamed into place: a crash never leaves half a vocabulary
-    return path
+    return atomic_write_text(path, vocab.to_json())  # a crash never leaves half a vocabulary
 
 
 def load_vocab(path: str | Path) -> Vocabulary:

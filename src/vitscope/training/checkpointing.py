@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write
 from vitscope.weights.checkpoints import (
-    atomic_write,
     load_training_state,
     load_weights,
     model_file_writer,

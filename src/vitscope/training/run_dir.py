@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write
 from vitscope.training.checkpointing import (
     LAST,
     LEGACY_EMA,
@@ -28,7 +29,6 @@ from vitscope.training.checkpointing import (
     link_last,
     remove_other_steps,
 )
-from vitscope.weights.checkpoints import atomic_write
 
 LOCK = ".vitscope.lock"
 # Files a training writes; the first ones mark a directory as holding a run.

@@ -295,9 +295,9 @@ class CaptionTask:
         """curves.png, summary.json, caption_attention.png (the per-word figure) and captions.html."""
         from vitscope.caption.run import write_caption_report
         from vitscope.caption.vocab import detokenize
+        from vitscope.io import atomic_write
         from vitscope.kernels import allocator
         from vitscope.training.curves import plot_curves, read_metrics
-        from vitscope.weights.checkpoints import atomic_write
 
         rows = read_metrics(run_dir / "metrics.jsonl")
         plot_curves(rows, run_dir / "curves.png", title=f"{cfg.captioner} captioner ({cfg.model} encoder) on "

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vitscope.errors import ConfigError, InputError
+from vitscope.io import atomic_write
 from vitscope.positional import resample_pos_embed
 from vitscope.vit import VisionTransformer, ViTConfig
 from vitscope.weights.files import (
@@ -38,41 +37,6 @@ from vitscope.weights.files import (
 )
 
 FORMAT_VERSION = "1"
-
-
-# -- writing files safely -------------------------------------------------------------------------
-def atomic_write(path: PathLike, write_fn: Callable[[str], None]) -> Path:
-    """Call `write_fn(tmp_path)` on a temporary file beside `path`, fsync it, then rename it over `path`.
-
-    The rename is atomic on POSIX and Windows, so readers see the old file or the new one. If
-    `write_fn` raises, the temporary file is removed and `path` is untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write_fn(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return path
 
 
 # -- our format: safetensors + the ViTConfig in the metadata --------------------------------------

@@ -14,8 +14,8 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from vitscope.errors import ConfigError, InputError
+from vitscope.io import atomic_write
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import atomic_write
 from vitscope.weights.files import PathLike, StateDict, few, load_checked, read_safetensors, read_tensors, torch_load
 
 # -- key maps --------------------------------------------------------------------

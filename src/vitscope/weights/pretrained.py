@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 from torch import Tensor
 
 from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write
 from vitscope.vit import VisionTransformer
 
 # vitscope preset -> the pretrained tag timm loads for it by default (ImageNet-21k, fine-tuned on 1k)
@@ -55,9 +55,9 @@ def weights_url(name: str) -> str:
 
 def weights_file(name: str, *, progress: bool = True, opener: Callable | None = None) -> Path:
     """The preset's checkpoint in the cache, downloaded first if it is not there."""
-    from vitscope.data.base import cache_root
+    from vitscope.io import data_root
 
-    path = cache_root() / "weights" / f"{_tag(name)}.safetensors"
+    path = data_root() / "weights" / f"{_tag(name)}.safetensors"
     if path.is_file():
         return path
     url = weights_url(name)
@@ -79,10 +79,8 @@ def _fetch(url: str, path: Path, *, progress: bool, opener: Callable) -> None:
     """Stream `url` to a temporary file beside `path`, check it is a ViT checkpoint, then rename it."""
     from tqdm.auto import tqdm
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f, opener(url, timeout=60) as response:
+    def stream(tmp: str) -> None:
+        with open(tmp, "wb") as f, opener(url, timeout=60) as response:
             size = int(getattr(response, "headers", {}).get("Content-Length") or 0)
             with tqdm(total=size or None, unit="B", unit_scale=True, desc=f"download {path.stem}",
                       disable=not progress) as bar:
@@ -90,12 +88,12 @@ def _fetch(url: str, path: Path, *, progress: bool, opener: Callable) -> None:
                     f.write(chunk)
                     bar.update(len(chunk))
         _check_checkpoint(Path(tmp), url)
-        os.replace(tmp, path)
+
+    try:
+        atomic_write(path, stream)
     except OSError as e:  # URLError, HTTPError, timeouts, a full disk
         raise WeightsError(f"could not download {url} ({e}); on a machine without access, fetch the file "
                            f"elsewhere and put it at {path}, or pass pretrained=PATH") from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _check_checkpoint(path: Path, url: str) -> None:
