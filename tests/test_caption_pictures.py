@@ -9,9 +9,9 @@ import torch
 
 from test_caption_models import images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
 from vitscope.caption.decoding import beam_search
-from vitscope.caption.plots import caption_figure, plot_caption_attention, word_maps
+from vitscope.caption.plots import caption_figure, plot_caption_attention, word_maps, write_caption_explorer
 from vitscope.caption.vocab import Vocabulary
-from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_explorer, write_caption_page
+from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_page
 
 CHROMIUM = os.environ.get("VITSCOPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

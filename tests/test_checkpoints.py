@@ -245,7 +245,7 @@ def test_a_torch_file_nested_as_training_scripts_save_it_loads(tmp_path, images)
 
 
 def test_what_a_file_is_when_it_is_not_a_checkpoint(tmp_path):
-    from vitscope.weights.checkpoints import _sniff
+    from vitscope.weights.files import sniff as _sniff
 
     (tmp_path / "a.safetensors").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
     (tmp_path / "b.safetensors").write_text("weights go here\n")

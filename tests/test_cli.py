@@ -238,7 +238,8 @@ def test_every_train_flag_says_what_it_does_and_its_default():
     import argparse
     import dataclasses
 
-    from vitscope.cli.main import _shown, build_parser
+    from vitscope.cli.common import shown as _shown
+    from vitscope.cli.main import build_parser
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig
     from vitscope.training.recipes import get_recipe
@@ -307,3 +308,15 @@ def test_eval_of_a_folder_run_reads_the_runs_folder_and_split(tmp_path, capsys):
     assert main(["explain", str(out), "--dataset", "folder", "--split", "val", "--num", "2", "--no-report",
                  "--importance-samples", "0", "--out", str(tmp_path / "ex")]) == 0
     assert (tmp_path / "ex" / "explorer.html").is_file()
+
+
+def test_the_library_presets_name_no_run_folder():
+    """A preset that starts from another preset's trained weights names that preset; the folder `make run` leaves
+    them in is the command line's to resolve, so the library's configs hold no path of the Makefile's."""
+    from vitscope.cli import build_parser, build_train_config
+    from vitscope.training.recipes import STARTS_FROM, get_recipe, list_recipes
+
+    assert all(get_recipe(name).init_weights is None for name in list_recipes())
+    assert set(STARTS_FROM) <= set(list_recipes()) and set(STARTS_FROM.values()) <= set(list_recipes())
+    cfg = build_train_config(build_parser().parse_args(["train", "--preset", "caption_lstm_quick"]))
+    assert cfg.init_weights == "runs/fmnist_quick/best.safetensors"

@@ -128,7 +128,7 @@ def test_timm_checkpoints_reproduce_timms_outputs_on_cuda(path):
 def test_transformers_vit_gives_the_same_logits_on_cuda():
     transformers = pytest.importorskip("transformers")
     from vitscope.vit import VisionTransformer
-    from vitscope.weights.checkpoints import hf_to_vitscope
+    from vitscope.weights.hf import hf_to_vitscope
 
     torch.manual_seed(0)
     cfg = transformers.ViTConfig(image_size=224, patch_size=16, num_channels=3, hidden_size=96,

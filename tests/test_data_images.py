@@ -199,7 +199,7 @@ def test_pets_published_layout(tmp_path, count_decodes):
 def test_predict_and_explain_decode_a_file_as_training_did(tmp_path):
     """A wide photo is centre-cropped, not squashed, and transparency is white: the same pixels the image
     folder loader gave the model in training."""
-    from vitscope.inspect.images import load_image_files
+    from vitscope.data.image_files import load_image_files
 
     wide = np.zeros((20, 60, 4), dtype=np.uint8)
     wide[:, :20, :3] = 255  # white left third, which a centre crop leaves out

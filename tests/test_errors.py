@@ -1,5 +1,6 @@
-"""Each mistake issue 48 found, as the user meets it on the command line: one line on stderr, naming the value or
-file and what to do, and exit code 2. (Killed runs, full disks and read-only folders: tests/test_faults.py.)"""
+"""Each mistake a user can make, as the user meets it on the command line: one line on stderr, naming the value or
+file and what to do, and exit code 2; and a bug inside vitscope, which keeps its traceback. (Killed runs, full disks
+and read-only folders: tests/test_faults.py.)"""
 
 from __future__ import annotations
 
@@ -205,3 +206,51 @@ def test_every_command_refuses_an_image_over_the_one_pixel_limit(files, tmp_path
     for argv in (["predict", good, str(big)], ["explain", good, str(big), "--out", str(tmp_path / "ex")]):
         err = one_line_error(argv, capsys)
         assert "big.png" in err and "decompression bomb" in err and "at most 10,000 pixels" in err
+
+
+# -- a bug is not a usage error ---------------------------------------------------------------------------
+def test_an_internal_error_keeps_its_traceback_and_exit_code_1(tmp_path):
+    """A KeyError or ValueError raised inside vitscope is a bug: Python's traceback and exit code 1, not a line
+    that blames the user's input."""
+    import subprocess
+    import sys
+
+    for exc in ("KeyError('blocks.0')", "ValueError('internal')"):
+        code = ("import sys, vitscope.models as m\n"
+                f"def broken(pattern='*'): raise {exc}\n"
+                "m.list_models = broken\n"
+                "from vitscope.cli import main\n"
+                "sys.exit(main(['models']))\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 1, r.stderr
+        assert "Traceback" in r.stderr and "in broken" in r.stderr and "vitscope models: error" not in r.stderr
+
+
+def test_vitscopes_own_errors_are_one_line_and_still_the_builtin_kind():
+    """A bad setting is a ConfigError, which the CLI prints as one line, and still a ValueError for a caller's
+    `except ValueError`; each error type a user's input raises shares the VitscopeError base."""
+    from vitscope.cli.common import UsageError
+    from vitscope.cli.explain import ExplainError
+    from vitscope.data.base import DataError
+    from vitscope.errors import ConfigError, InputError, VitscopeError
+    from vitscope.inspect.capture import CaptureTooLarge
+    from vitscope.training.checkpointing import CheckpointError
+    from vitscope.training.run_dir import RunDirError
+    from vitscope.vit import ViTConfig
+    from vitscope.weights.pretrained import WeightsError
+
+    for kind in (UsageError, ExplainError, DataError, ConfigError, InputError, CaptureTooLarge, CheckpointError,
+                 RunDirError, WeightsError):
+        assert issubclass(kind, VitscopeError), kind
+    assert issubclass(ConfigError, ValueError) and issubclass(InputError, ValueError)
+    assert issubclass(WeightsError, RuntimeError) and issubclass(CaptureTooLarge, MemoryError)
+    with pytest.raises(ConfigError, match="embed_dim=30 is not divisible by num_heads=4"):
+        ViTConfig(embed_dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="depth must be a whole number"):
+        ViTConfig(depth="two")
+
+
+def test_a_bad_model_setting_is_one_line_with_exit_code_2(capsys, tmp_path):
+    err = one_line_error([*TRAIN, "--set", "num_heads=3", "--out", str(tmp_path / "run")], capsys)
+    assert "embed_dim=16 is not divisible by num_heads=3" in err
+

@@ -68,8 +68,8 @@ def test_predict_and_explain_a_pretrained_preset_from_the_command_line(hub_tiny,
     assert main(["predict", "vit_tiny_patch16_224", str(img), "--json", "--top-k", "2"]) == 0
     top = json.loads(capsys.readouterr().out)[0]["top"]
     model, info = open_model("vit_tiny_patch16_224")
+    from vitscope.data.image_files import load_image_files
     from vitscope.data.transforms import eval_transform
-    from vitscope.inspect.images import load_image_files
 
     x = eval_transform(load_image_files([img], channels=3, size=(224, 224)), info.mean, info.std)
     with torch.no_grad():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import export_hf, hf_to_vitscope, load_hf
+from vitscope.weights.hf import export_hf, hf_to_vitscope, load_hf
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()

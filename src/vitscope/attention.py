@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
+
 # At or below this many keys, half-precision training runs the explicit path: PyTorch's fused CPU
 # kernel is slower backwards in bfloat16 at ViT-sized sequences (bench_attention.py's crossover table;
 # docs/performance.md). Above it the fused kernel runs, so the Nq x Nk matrix is never materialised.
@@ -220,7 +222,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if head_dim is None:
             if dim % num_heads:
-                raise ValueError(
+                raise ConfigError(
                     f"dim={dim} is not divisible by num_heads={num_heads}; pass head_dim explicitly."
                 )
             head_dim = dim // num_heads
@@ -319,7 +321,7 @@ class SpatialSelfAttention(nn.Module):
                  qkv_bias: bool = True):
         super().__init__()
         if channels % num_heads:
-            raise ValueError(f"channels={channels} is not divisible by num_heads={num_heads}")
+            raise ConfigError(f"channels={channels} is not divisible by num_heads={num_heads}")
         if norm == "group":
             self.norm = nn.GroupNorm(math.gcd(groups, channels), channels)
         elif norm == "batch":
@@ -329,7 +331,7 @@ class SpatialSelfAttention(nn.Module):
         elif norm == "none":
             self.norm = nn.Identity()
         else:
-            raise ValueError(f"norm must be 'group', 'batch', 'layer' or 'none', got {norm!r}")
+            raise ConfigError(f"norm must be 'group', 'batch', 'layer' or 'none', got {norm!r}")
         self.attn = MultiHeadAttention(channels, num_heads, qkv_bias=qkv_bias)
 
     def forward(self, x: Tensor, *, return_weights: bool = False):

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import KVCache, MultiHeadAttention, key_padding_mask
+from vitscope.errors import ConfigError
 from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.vit import Mlp
 
@@ -178,7 +179,7 @@ def greedy_decode(
     filled with `eos` from there on. Call `decoder.eval()` first for deterministic output.
     """
     if max_len > decoder.max_len:
-        raise ValueError(f"max_len={max_len} exceeds the decoder's {decoder.max_len} positions")
+        raise ConfigError(f"max_len={max_len} exceeds the decoder's {decoder.max_len} positions")
     b = context.shape[0]
     tokens = torch.full((b, 1), bos, dtype=torch.long, device=context.device)  # (B, 1)
     done = torch.zeros(b, dtype=torch.bool, device=context.device)

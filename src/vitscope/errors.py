@@ -15,3 +15,8 @@ class VitscopeError(Exception):
 
 class ConfigError(VitscopeError, ValueError):
     """A setting of the wrong type, out of its range, or at odds with another setting."""
+
+
+class InputError(VitscopeError, ValueError):
+    """A file or value given to vitscope does not fit what it was given for: a damaged or foreign checkpoint,
+    a vocabulary another model was trained with, images of another size than the model reads."""

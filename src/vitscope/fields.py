@@ -7,6 +7,8 @@ from __future__ import annotations
 import typing
 from typing import Literal
 
+from vitscope.errors import ConfigError
+
 
 def type_ok(value, tp) -> bool:
     """Whether `value` is of the annotated type `tp` (an int passes as a float, a bool never as a number)."""
@@ -56,4 +58,4 @@ def check_types(cfg) -> None:
     for name in cfg.__dataclass_fields__:
         value = getattr(cfg, name)
         if not type_ok(value, hints[name]):
-            raise ValueError(f"{name} must be {type_name(hints[name])}, got {value!r}")
+            raise ConfigError(f"{name} must be {type_name(hints[name])}, got {value!r}")

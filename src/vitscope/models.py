@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from vitscope.errors import ConfigError
 from vitscope.vit import VisionTransformer, ViTConfig
 
 _REGISTRY: dict[str, Callable[[], ViTConfig]] = {}
@@ -30,7 +31,7 @@ def get_config(name: str, **overrides) -> ViTConfig:
 
         close = difflib.get_close_matches(name, _REGISTRY, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} See `vitscope models` for the list.")
+        raise ConfigError(f"unknown model {name!r}.{hint} See `vitscope models` for the list.")
     cfg = _REGISTRY[name]()
     if overrides:
         cfg = ViTConfig.from_dict({**cfg.to_dict(), **overrides})

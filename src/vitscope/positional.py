@@ -9,11 +9,13 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError, InputError
+
 
 def sincos_1d(num_positions: int, dim: int, *, temperature: float = 10000.0) -> Tensor:
     """The Transformer paper's encoding (N, dim): PE[p, 2i] = sin(p / t^(2i/dim)), PE[p, 2i+1] = cos(...)."""
     if dim % 2:
-        raise ValueError(f"sincos_1d needs an even dim, got {dim}")
+        raise ConfigError(f"sincos_1d needs an even dim, got {dim}")
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
     freq = temperature ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
     angles = pos * freq  # (N, dim/2)
@@ -28,7 +30,7 @@ def sincos_2d(height: int, width: int, dim: int, *, temperature: float = 10000.0
     baselines" / vit-pytorch's simple_vit).
     """
     if dim % 4:
-        raise ValueError(f"sincos_2d needs dim divisible by 4, got {dim}")
+        raise ConfigError(f"sincos_2d needs dim divisible by 4, got {dim}")
     y, x = torch.meshgrid(
         torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64), indexing="ij"
     )
@@ -56,10 +58,10 @@ def resample_pos_embed(
     if old_size is None:
         side = math.isqrt(n)
         if side * side != n:
-            raise ValueError(f"pos_embed has {n} grid positions, not a square; pass old_size=(h, w)")
+            raise InputError(f"pos_embed has {n} grid positions, not a square; pass old_size=(h, w)")
         old_size = (side, side)
     if old_size[0] * old_size[1] != n:
-        raise ValueError(f"old_size {old_size} does not match the {n} grid positions in pos_embed")
+        raise InputError(f"old_size {old_size} does not match the {n} grid positions in pos_embed")
     if tuple(new_size) == tuple(old_size):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]

@@ -18,6 +18,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention
+from vitscope.errors import ConfigError, InputError
 from vitscope.fields import check_types
 from vitscope.positional import resample_pos_embed, sincos_2d
 
@@ -55,7 +56,7 @@ class PatchEmbed(nn.Module):
         self.stem = ConvStem(in_chans, stem, stem_act) if stem else None
         stride = self.stem.stride if self.stem else 1
         if patch_size % stride:
-            raise ValueError(f"patch_size {patch_size} is not a multiple of the stem's stride {stride}")
+            raise ConfigError(f"patch_size {patch_size} is not a multiple of the stem's stride {stride}")
         k = patch_size // stride
         self.proj = nn.Conv2d(self.stem.out_chans if self.stem else in_chans, embed_dim, k, k)
         self.grid_size = (self.img_size[0] // patch_size, self.img_size[1] // patch_size)
@@ -63,14 +64,14 @@ class PatchEmbed(nn.Module):
     def check(self, x: Tensor) -> tuple[int, int]:
         """The patch grid (h, w) of images x (B, C, H, W), or a ValueError that says what is wrong."""
         if x.ndim != 4:
-            raise ValueError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
+            raise InputError(f"expected images (B, C, H, W), got a tensor of shape {tuple(x.shape)}")
         _, c, h, w = x.shape
         if c != self.in_chans:
-            raise ValueError(f"the model takes {self.in_chans}-channel images, got {c} channels "
+            raise InputError(f"the model takes {self.in_chans}-channel images, got {c} channels "
                              f"(input of shape {tuple(x.shape)})")
         p = self.patch_size
         if h % p or w % p:
-            raise ValueError(f"image size {h}x{w} is not a multiple of the patch size {p}; "
+            raise InputError(f"image size {h}x{w} is not a multiple of the patch size {p}; "
                              f"resize or crop to e.g. {h - h % p or p}x{w - w % p or p}")
         return h // p, w // p
 
@@ -178,19 +179,19 @@ class ViTConfig:
     def __post_init__(self):
         check_types(self)  # --set depth=abc or a JSON string otherwise fails deep in the model
         if self.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+            raise ConfigError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+            raise ConfigError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
         if self.pos_embed not in ("learn", "sincos2d", "none"):
-            raise ValueError(f"pos_embed must be 'learn', 'sincos2d' or 'none', got {self.pos_embed!r}")
+            raise ConfigError(f"pos_embed must be 'learn', 'sincos2d' or 'none', got {self.pos_embed!r}")
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
+            raise ConfigError(f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}")
         h, w = _pair(self.img_size)
         if h % self.patch_size or w % self.patch_size:
-            raise ValueError(f"img_size {h}x{w} is not a multiple of patch_size {self.patch_size}")
+            raise ConfigError(f"img_size {h}x{w} is not a multiple of patch_size {self.patch_size}")
         self.stem = [tuple(s) for s in self.stem]
         if self.stem_act not in STEM_ACTS:
-            raise ValueError(f"stem_act must be one of {sorted(STEM_ACTS)}, got {self.stem_act!r}")
+            raise ConfigError(f"stem_act must be one of {sorted(STEM_ACTS)}, got {self.stem_act!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -203,7 +204,7 @@ class ViTConfig:
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown ViTConfig fields: {sorted(unknown)}")
+            raise ConfigError(f"unknown ViTConfig fields: {sorted(unknown)}")
         d = dict(d)
         if isinstance(d.get("img_size"), list):
             d["img_size"] = tuple(d["img_size"])
@@ -269,7 +270,7 @@ class VisionTransformer(nn.Module):
         new model's, on the model's device and dtype; the config follows, so checkpoints record it (timm's
         method of the same name)."""
         if num_classes < 0:
-            raise ValueError(f"num_classes must be 0 (no head) or more, got {num_classes}")
+            raise ConfigError(f"num_classes must be 0 (no head) or more, got {num_classes}")
         ref = next(self.parameters())
         self.head = nn.Identity()
         if num_classes:

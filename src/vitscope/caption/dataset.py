@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from vitscope.caption.vocab import MAX_WORDS, Vocabulary, tokenize
+from vitscope.errors import InputError
 
 
 @dataclass
@@ -37,18 +38,18 @@ class CaptionDataset:
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}")
         if len(self.captions) != self.images.shape[0]:
-            raise ValueError(f"{self.images.shape[0]} images but captions for {len(self.captions)}")
+            raise InputError(f"{self.images.shape[0]} images but captions for {len(self.captions)}")
         for i, caps in enumerate(self.captions):
             name = self.names[i] if i < len(self.names) else i
             if not isinstance(caps, list):
-                raise ValueError(f"image {name} has captions {caps!r:.40}; give a list of caption strings")
+                raise InputError(f"image {name} has captions {caps!r:.40}; give a list of caption strings")
             if not caps:
-                raise ValueError(f"image {name} has no caption")
+                raise InputError(f"image {name} has no caption")
             bad = next((c for c in caps if not isinstance(c, str) or not c.strip()), None)
             if bad is not None:
-                raise ValueError(f"image {name} has the caption {bad!r:.40}; each caption is a non-empty string")
+                raise InputError(f"image {name} has the caption {bad!r:.40}; each caption is a non-empty string")
         if self.scenes is not None and len(self.scenes) != len(self.captions):
-            raise ValueError(f"{len(self.captions)} images but {len(self.scenes)} scene records")
+            raise InputError(f"{len(self.captions)} images but {len(self.scenes)} scene records")
         self.images = self.images.contiguous()
 
     def __len__(self) -> int:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitscope.caption.vocab import BOS, EOS, PAD, Vocabulary
+from vitscope.errors import ConfigError
 
 
 class StepModel(Protocol):
@@ -76,11 +77,11 @@ class Decoded:
 
 def _check(model: StepModel, max_len: int, beam: int = 1) -> None:
     if beam < 1:
-        raise ValueError(f"beam size must be at least 1, got {beam}")
+        raise ConfigError(f"beam size must be at least 1, got {beam}")
     if max_len < 2:
-        raise ValueError(f"max_len must leave room for <bos> and one token, got {max_len}")
+        raise ConfigError(f"max_len must leave room for <bos> and one token, got {max_len}")
     if max_len > model.max_len:
-        raise ValueError(f"max_len={max_len} exceeds the decoder's {model.max_len} positions; "
+        raise ConfigError(f"max_len={max_len} exceeds the decoder's {model.max_len} positions; "
                          f"decode with max_len <= {model.max_len} or train a decoder with more")
 
 
@@ -198,5 +199,5 @@ def beam_search(model: StepModel, images: Tensor | None = None, *, beam: int = 5
 def decode(model: StepModel, images: Tensor | None = None, *, beam: int = 1, **kwargs) -> Decoded:
     """Greedy for beam == 1, else beam search; keyword arguments as theirs."""
     if beam < 1:
-        raise ValueError(f"beam size must be at least 1, got {beam}")
+        raise ConfigError(f"beam size must be at least 1, got {beam}")
     return greedy(model, images, **kwargs) if beam == 1 else beam_search(model, images, beam=beam, **kwargs)

@@ -6,6 +6,8 @@ or the mean of heads; for the LSTM, its alignment map.
     plot_caption_attention(images[0], decoded.words(vocab)[0], decoded.attention[0], grid=model.grid,
                            num_prefix_tokens=model.num_prefix_tokens, path="caption.png")
 
+`write_caption_explorer` captions images and writes the explorer's caption page (vitscope.inspect.caption_explorer).
+
 Figures are drawn on matplotlib's `Figure` with the Agg canvas (no pyplot, no global state, no display).
 """
 
@@ -22,8 +24,10 @@ from einops import rearrange
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from vitscope.caption.decoding import beam_search, greedy
+from vitscope.caption.decoding import beam_search, decode, greedy
 from vitscope.caption.vocab import Vocabulary
+from vitscope.data import normalize
+from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_page
 
 
 def word_maps(attention: Tensor, grid: tuple[int, int], *, num_prefix_tokens: int = 0,
@@ -108,10 +112,21 @@ def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tenso
 def caption_figure(model, image: Tensor, vocab: Vocabulary, mean: Sequence[float], std: Sequence[float], *,
                    beam: int = 5, path: str | Path | None = None, **kwargs) -> Figure:
     """Caption one uint8 image (C, H, W) with `model` (in eval mode) and draw the figure."""
-    from vitscope.data import normalize
-
     x = normalize(image[None], mean, std)
     out = greedy(model, x) if beam == 1 else beam_search(model, x, beam=beam)
     words = out.words(vocab)[0]
     return plot_caption_attention(image, words, out.attention[0][: int(out.lengths[0])], grid=model.grid,
                                   num_prefix_tokens=model.num_prefix_tokens, path=path, **kwargs)
+
+
+def write_caption_explorer(model, images: Tensor, vocab: Vocabulary, out_path: str | Path, *,
+                           mean: Sequence[float], std: Sequence[float], beam: int = 5, max_len: int | None = None,
+                           references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
+                           title: str = "vitscope captions") -> Path:
+    """Caption uint8 `images` (B, C, H, W) with `model` (eval mode; normalised with the training
+    mean/std) and write the caption explorer's page: each word with where it looked."""
+    out = decode(model, normalize(images, mean, std), beam=beam, max_len=max_len)
+    attentions = [a[: int(n)] for a, n in zip(out.attention, out.lengths)]
+    data = caption_explorer_data(images, out.words(vocab), attentions, grid=tuple(model.grid),
+                                 num_prefix_tokens=model.num_prefix_tokens, references=references, names=names)
+    return write_caption_page(data, out_path, title=title)

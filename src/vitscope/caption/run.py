@@ -29,6 +29,7 @@ from vitscope.caption.task import (
     vocab_from_metadata,
 )
 from vitscope.caption.vocab import Vocabulary
+from vitscope.errors import ConfigError, InputError
 
 CAPTIONER_KEY = "captioner"  # the safetensors metadata key of `captioner_to_dict`
 
@@ -80,7 +81,7 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     ckpt = find_checkpoint(source)
     meta = read_metadata(ckpt)
     if CAPTIONER_KEY not in meta:
-        raise ValueError(f"{ckpt} is not a captioner's checkpoint (no {CAPTIONER_KEY!r} in its metadata); "
+        raise InputError(f"{ckpt} is not a captioner's checkpoint (no {CAPTIONER_KEY!r} in its metadata); "
                          f"train one with vitscope train --task caption")
     model = captioner_from_dict(json.loads(meta[CAPTIONER_KEY]))
     state = load_file(str(ckpt))
@@ -88,17 +89,17 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     model.load_state_dict(state)
     bad = [n for n, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"{ckpt} holds NaN or infinite weights (e.g. {bad[0]}): the training that wrote it "
+        raise InputError(f"{ckpt} holds NaN or infinite weights (e.g. {bad[0]}): the training that wrote it "
                          f"diverged; use an earlier checkpoint (a run's best.safetensors)")
     if vocab_file is not None:
         try:
             vocab = load_vocab(vocab_file)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{vocab_file} is not a vocabulary file (JSON: {e})") from None
+            raise InputError(f"{vocab_file} is not a vocabulary file (JSON: {e})") from None
         saved = meta.get(VOCAB_KEY)
         check_vocab(model, vocab)
         if saved is not None and vocab != vocab_from_metadata(meta):
-            raise ValueError(f"{vocab_file} is not the vocabulary {ckpt.name} was trained with (its words or their "
+            raise InputError(f"{vocab_file} is not the vocabulary {ckpt.name} was trained with (its words or their "
                              f"ids differ): drop --vocab to use the checkpoint's own")
     else:
         vocab = vocab_from_metadata(meta)
@@ -116,7 +117,7 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
 def check_max_len(model: Captioner, max_len: int | None) -> None:
     """Before any work: a maximum caption length the decoder's positions hold."""
     if max_len is not None and not 2 <= max_len <= model.max_len:
-        raise ValueError(f"--max-len {max_len}: the decoder has {model.max_len} positions (<bos> included), "
+        raise ConfigError(f"--max-len {max_len}: the decoder has {model.max_len} positions (<bos> included), "
                          f"so captions can be 2 to {model.max_len} tokens long; choose one in that range")
 
 
@@ -127,8 +128,7 @@ def write_caption_report(run_dir: Path, model: Captioner, vocab: Vocabulary, dat
     """caption_attention.png: one panel per generated word with where it looked, for the first test image
     with the most items (the lecture's figure); captions.html: the caption explorer over `images` test
     images. Returns the files written."""
-    from vitscope.caption.plots import caption_figure
-    from vitscope.inspect.caption_explorer import write_caption_explorer
+    from vitscope.caption.plots import caption_figure, write_caption_explorer
 
     model.eval()
     written = []

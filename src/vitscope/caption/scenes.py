@@ -49,6 +49,7 @@ from torch import Tensor
 
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.vocab import tokenize
+from vitscope.errors import ConfigError
 
 ITEM = 28  # Fashion-MNIST's side: one item per cell
 CLASS_WORDS = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
@@ -62,7 +63,7 @@ _SEPARATORS = {",", ";", ".", "and"}
 def cell_names(cells: int) -> list[str]:
     """Names of the cells in reading order: ['top left', 'top right', ...]."""
     if cells not in _ROWS:
-        raise ValueError(f"scenes have 2 x 2 or 3 x 3 cells, not {cells} x {cells}")
+        raise ConfigError(f"scenes have 2 x 2 or 3 x 3 cells, not {cells} x {cells}")
     names = [f"{r} {c}" for r in _ROWS[cells] for c in _COLS[cells]]
     return ["centre" if n == "middle centre" else n for n in names]
 
@@ -97,10 +98,10 @@ class ScenesConfig:
     def __post_init__(self):
         cell_names(self.cells)  # checks the grid
         if not 1 <= self.min_items <= self.max_items <= self.cells**2:
-            raise ValueError(f"need 1 <= min_items <= max_items <= {self.cells**2} cells, "
+            raise ConfigError(f"need 1 <= min_items <= max_items <= {self.cells**2} cells, "
                              f"got {self.min_items}..{self.max_items}")
         if not 1 <= self.captions_per_image <= len(_PHRASINGS):
-            raise ValueError(f"captions_per_image must be 1..{len(_PHRASINGS)}, got {self.captions_per_image}")
+            raise ConfigError(f"captions_per_image must be 1..{len(_PHRASINGS)}, got {self.captions_per_image}")
 
 
 # -- captions ----------------------------------------------------------------------------------------
@@ -243,7 +244,7 @@ def make_scenes(images: Tensor, labels: Tensor, count: int, *, config: ScenesCon
     Deterministic in (config.seed, split).
     """
     if split not in _SPLIT_KEYS:
-        raise ValueError(f"scenes have splits 'train' and 'test', not {split!r}")
+        raise ConfigError(f"scenes have splits 'train' and 'test', not {split!r}")
     if images.dtype != torch.uint8 or tuple(images.shape[1:]) != (1, ITEM, ITEM):
         raise ValueError(f"source items must be uint8 (N, 1, 28, 28), got {images.dtype} {tuple(images.shape)}")
     g = config.cells

@@ -30,6 +30,8 @@ from vitscope.caption.evaluate import CaptionEvaluation, evaluate_captions
 from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
 from vitscope.caption.vocab import PAD, Vocabulary
+from vitscope.errors import ConfigError, InputError
+from vitscope.io import atomic_write_text
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
 VOCAB_KEY = "vitscope.caption.vocab"  # the safetensors metadata key
@@ -119,7 +121,7 @@ def build_captioner(config: CaptionTaskConfig, vocab_size: int, **encoder_overri
         return TransformerCaptioner(TransformerCaptionerConfig(vocab_size, enc, **kw))
     if config.kind == "lstm":
         return ShowAttendTell(ShowAttendTellConfig(vocab_size, enc, **kw))
-    raise ValueError(f"kind must be 'transformer' or 'lstm', got {config.kind!r}")
+    raise ConfigError(f"kind must be 'transformer' or 'lstm', got {config.kind!r}")
 
 
 def captioner_from_dict(d: dict) -> Captioner:
@@ -127,7 +129,7 @@ def captioner_from_dict(d: dict) -> Captioner:
     from the checkpoint: the encoder's pretrained weights are not fetched again."""
     kind = d.get("kind")
     if kind not in ("transformer", "lstm"):
-        raise ValueError(f"not a captioner config (kind {kind!r})")
+        raise ConfigError(f"not a captioner config (kind {kind!r})")
     config = dict(d["config"])
     config["encoder"] = {**config.get("encoder", {}), "pretrained": False}
     if kind == "transformer":
@@ -147,16 +149,12 @@ def vocab_metadata(vocab: Vocabulary) -> dict[str, str]:
 
 def vocab_from_metadata(metadata: dict[str, str] | None) -> Vocabulary:
     if not metadata or VOCAB_KEY not in metadata:
-        raise ValueError("the checkpoint carries no caption vocabulary; was it trained with --task caption?")
+        raise InputError("the checkpoint carries no caption vocabulary; was it trained with --task caption?")
     return Vocabulary.from_json(metadata[VOCAB_KEY])
 
 
 def save_vocab(vocab: Vocabulary, path: str | Path) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(vocab.to_json(), encoding="utf-8")
-    tmp.replace(path)  # renamed into place: a crash never leaves half a vocabulary
-    return path
+    return atomic_write_text(path, vocab.to_json())  # a crash never leaves half a vocabulary
 
 
 def load_vocab(path: str | Path) -> Vocabulary:
@@ -170,7 +168,7 @@ def output_size(model: Captioner) -> int:
 def check_vocab(model: Captioner, vocab: Vocabulary) -> None:
     """Refuse a vocabulary whose size differs from the model's output layer."""
     if len(vocab) != output_size(model):
-        raise ValueError(f"the vocabulary has {len(vocab)} words but the model predicts {output_size(model)}; "
+        raise InputError(f"the vocabulary has {len(vocab)} words but the model predicts {output_size(model)}; "
                          "use the vocabulary saved with this run's checkpoint")
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from vitscope.errors import ConfigError
+from vitscope.errors import ConfigError, InputError
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -56,10 +56,10 @@ class Vocabulary:
     def __init__(self, words: Sequence[str]):
         words = list(words)
         if tuple(words[:4]) != SPECIALS:
-            raise ValueError(f"a vocabulary starts with {SPECIALS}, got {words[:4]}")
+            raise InputError(f"a vocabulary starts with {SPECIALS}, got {words[:4]}")
         if len(set(words)) != len(words):
             dup = sorted(w for w, n in Counter(words).items() if n > 1)
-            raise ValueError(f"a vocabulary lists every word once; repeated: {dup[:5]}")
+            raise InputError(f"a vocabulary lists every word once; repeated: {dup[:5]}")
         self.words = words
         self.index = {w: i for i, w in enumerate(words)}
 
@@ -107,7 +107,7 @@ class Vocabulary:
         """(B, T) int64 with <bos> ... <eos> and <pad> after it. `max_len` cuts longer captions
         (keeping <eos> last) so a batch fits the decoder's positions."""
         if max_len is not None and max_len < 2:
-            raise ValueError(f"max_len must leave room for <bos> and <eos>, got {max_len}")
+            raise ConfigError(f"max_len must leave room for <bos> and <eos>, got {max_len}")
         rows = [self.encode(c) for c in captions]
         if max_len is not None:
             rows = [r if len(r) <= max_len else r[: max_len - 1] + [EOS] for r in rows]
@@ -144,10 +144,10 @@ class Vocabulary:
     @classmethod
     def from_dict(cls, d: dict) -> Vocabulary:
         if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("words"), list):
-            raise ValueError(f"not a vitscope caption vocabulary (want format {FORMAT!r} with a 'words' list)")
+            raise InputError(f"not a vitscope caption vocabulary (want format {FORMAT!r} with a 'words' list)")
         vocab = cls(d["words"])
         if "sha256" in d and d["sha256"] != vocab.fingerprint:
-            raise ValueError("the vocabulary's word list does not match its recorded sha256; the file is damaged")
+            raise InputError("the vocabulary's word list does not match its recorded sha256; the file is damaged")
         return vocab
 
     def to_json(self) -> str:

@@ -220,7 +220,7 @@ def add_bench_parser(sub) -> None:
 
 
 def run_bench(args) -> int:
-    from vitscope.cli import UsageError, parse_model_sets
+    from vitscope.cli.common import UsageError, parse_model_sets
     from vitscope.models import list_models
 
     if args.model not in list_models():

@@ -1,11 +1,21 @@
-"""`vitscope eval CHECKPOINT_OR_RUN`: accuracy, per-class accuracy and the confusion matrix on a split."""
+"""`vitscope eval CHECKPOINT_OR_RUN`: accuracy, per-class accuracy and the confusion matrix on a split; for a
+captioning run BLEU-1..4, CIDEr-D and on Fashion-MNIST scenes item accuracy, exact match and attention grounding,
+for greedy decoding and beam search."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from vitscope.cli.main import UsageError, add_kernels_flag, at_least, check_out_dir, listed
+from vitscope.cli.common import (
+    UsageError,
+    add_caption_options,
+    add_kernels_flag,
+    at_least,
+    check_out_dir,
+    listed,
+    open_caption_run,
+)
 
 
 def add_eval_parser(sub) -> None:
@@ -28,8 +38,6 @@ def add_eval_parser(sub) -> None:
     g = p.add_argument_group("captioning runs (vitscope train --task caption)",
                              "BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact match and "
                              "attention grounding) for greedy decoding and for beam search of size --beam")
-    from vitscope.cli.caption import add_caption_options
-
     add_caption_options(g, beam_default=5)
     add_kernels_flag(p)
     p.set_defaults(run=run_eval)
@@ -43,9 +51,6 @@ def run_eval(args) -> int:
     from vitscope.weights.model_source import load_data, open_model
 
     if is_caption_checkpoint(args.checkpoint):
-        from vitscope.cli.caption import run_caption_eval
-
-        args.model = args.checkpoint
         return run_caption_eval(args)
     out = check_out_dir(args.out) if args.out else None
     model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
@@ -95,3 +100,58 @@ def _check_images_fit(model, images) -> None:
     if h % p or w % p:
         raise UsageError(f"images of {h}x{w} cannot be cut into {p}x{p} patches; pass --image-size "
                          f"as a multiple of {p}")
+
+
+# -- captioning runs ------------------------------------------------------------------------------------
+COLUMNS = (("bleu1", "BLEU-1"), ("bleu2", "BLEU-2"), ("bleu3", "BLEU-3"), ("bleu4", "BLEU-4"), ("cider", "CIDEr-D"),
+           ("item_accuracy", "items"), ("exact_match", "exact"), ("grounding", "grounding"))
+
+
+def run_caption_eval(args) -> int:
+    """`vitscope eval RUN` for a captioning run: greedy and beam decoding on a split, side by side."""
+    from vitscope.caption.evaluate import evaluate_captions
+    from vitscope.caption.task import CAPTION_DATASETS, load_caption_dataset
+
+    out_dir = check_out_dir(args.out) if args.out else None
+    run = open_caption_run(args.checkpoint, vocab=args.vocab, max_len=args.max_len, kernels=not args.no_kernels)
+    name = args.dataset or run.dataset
+    if not name:
+        raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
+    if name not in CAPTION_DATASETS:
+        raise UsageError(f"{name} is not a caption dataset; a captioner is evaluated on one of "
+                         f"{', '.join(CAPTION_DATASETS)}")
+    cfg = run.train_config if name == run.dataset else {}
+    split = args.split or cfg.get("eval_split") or "test"
+    data = load_caption_dataset(name, split, root=args.data_dir or cfg.get("data_dir"), image_size=run.image_size[0],
+                                channels=run.channels, captions_file=cfg.get("captions_file"))
+    if tuple(data.images.shape[1:]) != (run.channels, *run.image_size):
+        raise UsageError(f"{name} {split} has images of {tuple(data.images.shape[1:])} but the model reads "
+                         f"{(run.channels, *run.image_size)}: evaluate it on the data it was trained on")
+    rows = {}
+    for beam in dict.fromkeys((1, args.beam)):
+        result = evaluate_captions(run.model, data, run.vocab, mean=run.mean, std=run.std, beam=beam,
+                                   batch_size=args.batch_size, max_len=args.max_len, length_penalty=args.length_penalty,
+                                   no_repeat_ngram_size=args.no_repeat_ngram)
+        rows["greedy" if beam == 1 else f"beam {beam}"] = result
+    summary = {"checkpoint": str(run.source), "dataset": name, "split": split, "images": len(data),
+               "decoding": {k: r.metrics for k, r in rows.items()},
+               "examples": {k: [" ".join(w) for w in r.captions[:5]] for k, r in rows.items()}}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "eval.json").write_text(json.dumps(summary, indent=2))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    shown = [(k, label) for k, label in COLUMNS if any(k in r.metrics for r in rows.values())]
+    print(f"{name} {split}: {len(data)} images, {sum(map(len, data.captions))} reference captions")
+    print(f"{'decoding':<10}" + "".join(f"{label:>10}" for _, label in shown) + f"{'best layer':>12}")
+    for key, r in rows.items():
+        m = r.metrics
+        cells = "".join(f"{100 * m[k]:>9.2f}%" if k in ("item_accuracy", "exact_match", "grounding")
+                        else f"{m[k]:>10.4f}" for k, _ in shown)
+        layers = m.get("grounding_per_layer") or []
+        best = f"{max(layers) * 100:.2f}% (L{layers.index(max(layers))})" if layers else ""
+        print(f"{key:<10}{cells}{best:>12}")
+    for key, r in rows.items():
+        print(f"{key}: {' '.join(r.captions[0])}")
+    return 0

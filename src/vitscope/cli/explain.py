@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-from vitscope.cli.main import UsageError, add_kernels_flag, at_least, check_out_dir, os_error_line
-from vitscope.data import DataError
-from vitscope.inspect.capture import CaptureTooLarge
+from vitscope.cli.common import add_kernels_flag, at_least, check_out_dir, os_error_line
+from vitscope.errors import VitscopeError
 
 
-class ExplainError(Exception):
+class ExplainError(VitscopeError):
     """A problem the user can fix; printed as one line."""
 
 
@@ -58,7 +57,7 @@ def _load(path: Path, kernels: bool):
 
     try:
         return open_model(path, kernels=kernels)
-    except ValueError as e:
+    except VitscopeError as e:
         raise ExplainError(f"cannot load {path}: {e}") from e
 
 
@@ -67,7 +66,7 @@ def _dataset_sample(args, model, info, n: int):
 
     try:
         ds, _ = load_data(model, info, args.dataset, args.split, args.data_dir)
-    except Exception as e:  # the data layer explains missing or damaged files in its message
+    except (VitscopeError, OSError) as e:  # the data layer explains missing or damaged files in its message
         raise ExplainError(f"cannot load dataset {args.dataset!r} ({args.split}): {e}") from e
     if tuple(ds.images.shape[1:]) != (model.config.in_chans, *model.patch_embed.img_size):
         raise ExplainError(f"{args.dataset} images are {tuple(ds.images.shape[1:])} but the model takes "
@@ -82,7 +81,7 @@ def run_explain(args: argparse.Namespace) -> int:
     (with `args.debug`, the traceback instead)."""
     try:
         paths = explain(args)
-    except (ExplainError, UsageError, CaptureTooLarge, ValueError, OSError, DataError) as e:
+    except (VitscopeError, OSError) as e:  # a user's input or path; anything else is a bug and keeps its traceback
         if getattr(args, "debug", False):
             raise
         msg = os_error_line(e) if isinstance(e, OSError) and e.errno is not None else str(e)
@@ -95,8 +94,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def explain(args: argparse.Namespace) -> list[Path]:
+    from vitscope.data.image_files import load_image_files
     from vitscope.inspect.explorer import write_explorer
-    from vitscope.inspect.images import load_image_files, model_inputs
+    from vitscope.inspect.images import model_inputs
     from vitscope.inspect.importance import ablation_importance, gradient_importance
     from vitscope.inspect.plots import write_report
 

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitscope.cli.main import UsageError, add_kernels_flag, at_least
+from vitscope.cli.common import UsageError, add_kernels_flag, at_least
 
 
 def add_predict_parser(sub) -> None:
@@ -22,62 +22,25 @@ def add_predict_parser(sub) -> None:
     p.set_defaults(run=run_predict)
 
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-
-
-def _image_files(paths: list[Path]) -> list[Path]:
-    files = []
-    for p in paths:
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UsageError(f"no image file or folder at {p}")
-    if not files:
-        raise UsageError(f"no image files found in {', '.join(map(str, paths))}")
-    return files
-
-
-def _readable_images(files: list[Path], named: set[Path], *, channels: int, size: tuple[int, int],
-                     prog: str = "vitscope predict"):
-    """(uint8 (B, C, H, W), the files it holds): a file found in a folder that does not decode is named on
-    stderr and skipped, so one bad file does not stop a folder; a file the user named still raises."""
-    import torch
-
-    from vitscope.inspect.images import load_image_files
-
-    try:
-        return load_image_files(files, channels=channels, size=size), files
-    except ValueError:
-        pass
-    xs, kept = [], []
-    for f in files:
-        try:
-            xs.append(load_image_files([f], channels=channels, size=size))
-            kept.append(f)
-        except ValueError as e:
-            if f in named:
-                raise
-            print(f"{prog}: skipped: {e}", file=sys.stderr)
-    return (torch.cat(xs) if xs else None), kept
-
-
 def run_predict(args) -> int:
     import torch
 
+    from vitscope.data.image_files import find_image_files, read_image_files
     from vitscope.data.transforms import eval_transform
     from vitscope.weights.model_source import open_model
 
     model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
-    files = _image_files(args.images)
+    files = find_image_files(args.images)
     named = {p for p in args.images if p.is_file()}
     size = model.config.img_size
     size = (size, size) if isinstance(size, int) else tuple(size)
     k = max(1, min(args.top_k, len(info.classes)))
     results = []
     for s in range(0, len(files), 256):
-        x, chunk = _readable_images(files[s : s + 256], named, channels=model.config.in_chans, size=size)
+        x, chunk, skipped = read_image_files(files[s : s + 256], named=named, channels=model.config.in_chans,
+                                             size=size)
+        for why in skipped:
+            print(f"vitscope predict: skipped: {why}", file=sys.stderr)
         if not chunk:
             continue
         with torch.no_grad():

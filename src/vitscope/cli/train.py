@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from vitscope.cli.main import UsageError, add_dataclass_flags, given_value
+from vitscope.cli.common import UsageError, add_dataclass_flags, given_value, parse_model_sets
 
 
 def add_train_parser(sub) -> None:
@@ -63,26 +63,6 @@ def parse_decoder_sets(items: list[str]) -> dict:
     return out
 
 
-def parse_model_sets(items: list[str]) -> dict:
-    """`--set FIELD=VALUE` items as model fields: JSON values, plain strings staying strings, e.g.
-    ['depth=3', 'stem=[[32,1]]'] -> {'depth': 3, 'stem': [[32, 1]]}. Unknown fields are a UsageError."""
-    from vitscope.vit import ViTConfig
-
-    model_fields = {f.name for f in dataclasses.fields(ViTConfig)}
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"--set takes FIELD=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        if k not in model_fields:
-            raise UsageError(f"--set {k}: not a model field; choose from {', '.join(sorted(model_fields))}")
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
 def _read_config_json(path: Path, what: str) -> dict:
     if not path.is_file():
         raise UsageError(f"{what}: {path} does not exist" if path.exists() is False else f"{what}: {path} is a folder")
@@ -96,16 +76,35 @@ def _read_config_json(path: Path, what: str) -> dict:
     return base
 
 
+def preset_weights(preset: str) -> str:
+    """The weights `vitscope train --preset PRESET --out runs/PRESET` leaves (`make run` trains fmnist_quick so)."""
+    return f"runs/{preset}/best.safetensors"
+
+
+def _check_start_weights(cfg, preset: str | None) -> None:
+    """A preset that starts from another preset's run names that run's command when its weights are missing."""
+    from vitscope.training.recipes import STARTS_FROM
+
+    start = STARTS_FROM.get(preset or ("caption_quick" if cfg.task == "caption" else ""))
+    if start and cfg.init_weights == preset_weights(start) and not Path(cfg.init_weights).is_file():
+        raise UsageError(f"init_weights: no file {cfg.init_weights}; this preset's encoder starts from the {start} "
+                         f"preset's run: run `make run` (vitscope train --preset {start} --out runs/{start}) first, "
+                         f"or train from scratch with --init-weights none")
+
+
 def build_train_config(args):
     from vitscope.training.loop import TrainConfig
-    from vitscope.training.recipes import get_recipe
+    from vitscope.training.recipes import STARTS_FROM, get_recipe
 
     if args.resume:
         base = _read_config_json(args.resume / "config.json", "cannot resume")
     elif args.config:
         base = _read_config_json(args.config, "config file")
     else:
-        base = get_recipe(args.preset or ("caption_quick" if args.task == "caption" else "fmnist_quick")).to_dict()
+        preset = args.preset or ("caption_quick" if args.task == "caption" else "fmnist_quick")
+        base = get_recipe(preset).to_dict()
+        if preset in STARTS_FROM:
+            base["init_weights"] = preset_weights(STARTS_FROM[preset])
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: given_value(v) for k, v in vars(args).items() if k in fields and v is not None and k != "decoder_args"}
     aug = {k[4:]: given_value(v) for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
@@ -142,6 +141,8 @@ def run_train(args) -> int:
     if args.resume:
         run_dir = args.resume
     else:
+        if not args.config:
+            _check_start_weights(cfg, args.preset)
         run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"run directory: {run_dir}", flush=True)
     result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,

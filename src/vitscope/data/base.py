@@ -1,5 +1,5 @@
-"""What every data source shares: the dataset record, the error type, the cache directory,
-atomic writes and verified downloads.
+"""What every data source shares: the dataset record, the error type, the cache directory and verified
+downloads (written whole by vitscope.io.atomic_write_bytes).
 
 Every source turns into an `ImageDataset`: uint8 images (N, C, H, W) and int64 labels held in
 memory, with the per-channel mean and std used to normalise them.
@@ -8,8 +8,6 @@ memory, with the per-channel mean and std used to normalise them.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,8 +16,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write_bytes, data_root
 
-class DataError(Exception):
+
+class DataError(VitscopeError):
     """A data file is missing, damaged or not what was asked for. The message says what to do."""
 
 
@@ -68,26 +69,13 @@ class ImageDataset:
 
 # -- where data lives ------------------------------------------------------------------------------
 def cache_root() -> Path:
-    """`$VITSCOPE_DATA` if set, else `~/.cache/vitscope`."""
-    env = os.environ.get("VITSCOPE_DATA")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "vitscope"
+    """Where datasets are downloaded and decoded images cached: `$VITSCOPE_DATA`, else vitscope's cache folder
+    (vitscope.io.data_root)."""
+    return data_root()
 
 
 def cache_dir(name: str) -> Path:
-    return cache_root() / name
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path` and rename it: a crash never leaves a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return data_root() / name
 
 
 def sha256_hex(data: bytes) -> str:

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vitscope.data.base import DataError, ImageDataset, atomic_write_bytes, cache_dir, channel_stats
+from vitscope.data.base import DataError, ImageDataset, cache_dir, channel_stats
+from vitscope.io import atomic_write_bytes
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
 OnError = Literal["skip", "raise"]

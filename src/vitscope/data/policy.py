@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from vitscope.errors import ConfigError
+
 NUM_BINS = 31  # magnitude bins 0..30, as torchvision
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
 PHOTOMETRIC = ("autocontrast", "equalize", "posterize", "solarize", "brightness", "contrast", "sharpness")
@@ -140,7 +142,7 @@ def rand_augment(
 ) -> torch.Tensor:
     """RandAugment (Cubuk et al., 2020): `num_ops` ops per image in turn, all at bin `magnitude` of 0..30."""
     if not 0 <= magnitude < NUM_BINS:
-        raise ValueError(f"RandAugment magnitude is a bin 0..{NUM_BINS - 1}, got {magnitude}")
+        raise ConfigError(f"RandAugment magnitude is a bin 0..{NUM_BINS - 1}, got {magnitude}")
     b = x.shape[0]
     m = torch.full((b,), magnitude / (NUM_BINS - 1))
     for _ in range(num_ops):

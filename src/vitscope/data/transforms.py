@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from vitscope.data.policy import rand_augment, trivial_augment
+from vitscope.errors import ConfigError
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:
@@ -38,7 +39,7 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
     """(x / 255 - mean) / std per channel, float32. Float input is taken to be on the 0..1 scale."""
     c = x.shape[1]
     if len(mean) != c or len(std) != c:
-        raise ValueError(f"mean/std need {c} values for {c}-channel images, got {tuple(mean)} / {tuple(std)}")
+        raise ConfigError(f"mean/std need {c} values for {c}-channel images, got {tuple(mean)} / {tuple(std)}")
     m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
     s = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, c, 1, 1)
     return (to_float(x) - m) / s
@@ -54,7 +55,7 @@ def shift(x: torch.Tensor, dx: int, dy: int) -> torch.Tensor:
     (B, C, H, W) in, same out; the window a pad-|d| reflect crop at that offset would cut."""
     h, w = x.shape[-2:]
     if max(abs(dx), abs(dy)) >= min(h, w):
-        raise ValueError(f"a shift must be smaller than the image side, got ({dx}, {dy}) for {h}x{w}")
+        raise ConfigError(f"a shift must be smaller than the image side, got ({dx}, {dy}) for {h}x{w}")
     rows = _reflect(torch.arange(h) - dy, h).to(x.device)  # (H,): source row of every output row
     cols = _reflect(torch.arange(w) - dx, w).to(x.device)  # (W,)
     return x.index_select(-2, rows).index_select(-1, cols)
@@ -82,7 +83,7 @@ def random_crop(
     if pad <= 0:
         return x
     if mode == "reflect" and pad >= min(h, w):
-        raise ValueError(f"reflect padding needs pad < image side, got pad={pad} for {h}x{w}")
+        raise ConfigError(f"reflect padding needs pad < image side, got pad={pad} for {h}x{w}")
     oy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
     ox = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator)
     rows = torch.arange(h).view(1, h) + oy - pad  # (B, H), source row of every output row
@@ -312,16 +313,16 @@ class TrainTransform:
         }
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
-                raise ValueError(f"{field} must be one of {', '.join(allowed)}, got {getattr(self, field)!r}")
+                raise ConfigError(f"{field} must be one of {', '.join(allowed)}, got {getattr(self, field)!r}")
         for field in ("erase_p", "mix_prob"):
             if not 0.0 <= getattr(self, field) <= 1.0:
-                raise ValueError(f"{field} is a probability in [0, 1], got {getattr(self, field)}")
+                raise ConfigError(f"{field} is a probability in [0, 1], got {getattr(self, field)}")
         if self.pad < 0 or self.mixup_alpha < 0 or self.cutmix_alpha < 0:
-            raise ValueError("pad, mixup_alpha and cutmix_alpha must not be negative")
+            raise ConfigError("pad, mixup_alpha and cutmix_alpha must not be negative")
         for field in ("rrc_scale", "rrc_ratio"):
             lo_hi = tuple(getattr(self, field))
             if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1]:
-                raise ValueError(f"{field} is a range of two positive numbers, low then high, e.g. "
+                raise ConfigError(f"{field} is a range of two positive numbers, low then high, e.g. "
                                  f"--aug-{field.replace('_', '-')} 0.35 1.0; got {lo_hi}")
 
     def for_dataset(self, dataset) -> TrainTransform:
@@ -330,7 +331,7 @@ class TrainTransform:
         std = tuple(self.std) if self.std is not None else tuple(dataset.std)
         c = dataset.images.shape[1]
         if len(mean) != c or len(std) != c:
-            raise ValueError(f"mean and std need one number per channel, {c} for {dataset.name}; got mean "
+            raise ConfigError(f"mean and std need one number per channel, {c} for {dataset.name}; got mean "
                              f"{mean} and std {std}")
         return dataclasses.replace(self, mean=mean, std=std)
 
@@ -340,7 +341,7 @@ class TrainTransform:
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         if self.mean is None or self.std is None:
-            raise ValueError(
+            raise ConfigError(
                 "TrainTransform needs the training split's mean/std: use .for_dataset(train_set)"
             )
         if self.crop == "pad":

@@ -1,12 +1,17 @@
 # ruff: noqa: E501  (HTML and JavaScript read better unwrapped)
-"""The explorer's caption mode: one self-contained HTML page (data and code inline, no network).
+"""The explorer's caption mode: one self-contained HTML page (data and code inline, no network; the parts every
+page shares: vitscope.inspect.page).
 
 A person picks an image, reads its generated caption, clicks a word and sees where that word
 looked: the transformer's cross-attention of one layer or the mean of layers, one head or the mean
 of heads; the LSTM's alignment map. The image's reference captions stand beside it.
 
-    write_caption_explorer(model, images, vocab, "captions.html", mean=ds.mean, std=ds.std,
-                           references=ds.captions[:8], beam=5)
+    data = caption_explorer_data(images, words, attentions, grid=(7, 7), num_prefix_tokens=1,
+                                 references=ds.captions[:8])
+    write_caption_page(data, "captions.html")
+
+The page takes plain data (words and their attention arrays), so it draws any captioner's output;
+`vitscope.caption.plots.write_caption_explorer` decodes a model's captions into it.
 
 Each word's attention travels as base64 float16, (T, L, H, N) per image (L = H = 1 for the LSTM).
 Tests read the shown map through `window.vitscope.currentMap()`.
@@ -14,36 +19,13 @@ Tests read the shown map through `window.vitscope.currentMap()`.
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-import torch
-from PIL import Image
 from torch import Tensor
 
-# Past this the page gets slow to open; the error says how to shrink it.
-DEFAULT_MAX_PAGE_BYTES = 64 * 2**20
-
-
-def _png_data_url(image: Tensor) -> str:
-    """(C, H, W) uint8 as it is, or float stretched to 0..255 -> a PNG data URL."""
-    x = image.detach().cpu()
-    if x.dtype != torch.uint8:
-        x = x.float()
-        x = ((x - x.min()) / (x.max() - x.min()).clamp_min(1e-8) * 255).round().to(torch.uint8)
-    a = x[0].numpy() if x.shape[0] == 1 else x.permute(1, 2, 0).numpy()
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(a), mode="L" if a.ndim == 2 else "RGB").save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _half_b64(t: Tensor) -> str:
-    return base64.b64encode(t.to(torch.float16).numpy().astype("<f2").tobytes()).decode("ascii")
+from vitscope.errors import ConfigError
+from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, half_b64, png_data_url, write_page
 
 
 def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], attentions: Sequence[Tensor], *,
@@ -71,70 +53,31 @@ def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], att
         labels = words + (["<eos>"] if att.shape[0] > len(words) else [])
         att = att[: len(labels)]
         size += att.numel() * 2 * 4 // 3
-        entries.append({"src": _png_data_url(images[i]), "words": labels, "weights": _half_b64(att),
+        entries.append({"src": png_data_url(images[i]), "words": labels, "weights": half_b64(att),
                         "references": list(references[i]) if references is not None else [],
                         "name": names[i] if names is not None and i < len(names) else None})
     if size > max_bytes:
-        raise ValueError(f"the page would embed {size / 2**20:.1f} MiB of attention; pass fewer images or raise max_bytes")
+        raise ConfigError(f"the page would embed {size / 2**20:.1f} MiB of attention; pass fewer images or raise max_bytes")
     return {"grid": list(grid), "num_prefix_tokens": num_prefix_tokens, "image_size": list(images.shape[-2:]),
             "num_layers": int(shape[0]) if shape is not None else 1, "num_heads": int(shape[1]) if shape is not None else 1,
             "kind": "lstm" if attentions and attentions[0].ndim == 2 else "transformer", "images": entries}
 
 
 def write_caption_page(data: dict, out_path: str | Path, *, title: str = "vitscope captions") -> Path:
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", text), encoding="utf-8")
-    return out
+    """The page for `caption_explorer_data`'s data, written to `out_path` (.html)."""
+    return write_page(out_path, title=title, data=data, css=CSS, body=BODY, script=SCRIPT)
 
 
-def write_caption_explorer(model, images: Tensor, vocab, out_path: str | Path, *, mean: Sequence[float],
-                           std: Sequence[float], beam: int = 5, max_len: int | None = None,
-                           references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
-                           title: str = "vitscope captions") -> Path:
-    """Caption uint8 `images` (B, C, H, W) with `model` (eval mode; normalised with the training
-    mean/std) and write the page."""
-    from vitscope.caption.decoding import decode
-    from vitscope.data import normalize
-
-    out = decode(model, normalize(images, mean, std), beam=beam, max_len=max_len)
-    words = out.words(vocab)
-    attentions = [a[: int(n)] for a, n in zip(out.attention, out.lengths)]
-    data = caption_explorer_data(images, words, attentions, grid=tuple(model.grid),
-                                 num_prefix_tokens=model.num_prefix_tokens, references=references, names=names)
-    return write_caption_page(data, out_path, title=title)
-
-
-PAGE = r"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__TITLE__</title>
-<style>
-  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px; color: #222; background: #fafafa; }
-  h1 { font-size: 18px; margin: 0 0 8px; }
-  .controls { display: flex; flex-wrap: wrap; gap: 14px; align-items: center; margin-bottom: 10px; }
-  .controls label { font-weight: 600; }
-  select { font: inherit; padding: 2px 6px; }
-  .panels { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
-  .panel { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px; }
-  .panel h2 { font-size: 13px; margin: 0 0 6px; font-weight: 600; }
-  canvas.map { image-rendering: pixelated; display: block; }
-  #caption { font-size: 18px; max-width: 560px; margin: 4px 0 10px; }
+CSS = """  #caption { font-size: 18px; max-width: 560px; margin: 4px 0 10px; }
   #caption button { font: inherit; border: 1px solid transparent; background: none; padding: 1px 3px; margin: 1px; cursor: pointer; border-radius: 4px; }
   #caption button:hover { border-color: #999; }
   #caption button.active { background: #333; color: #fff; }
   .refs { max-width: 440px; }
   #references { margin: 0; padding-left: 18px; }
   #info { font-size: 12px; color: #444; max-width: 320px; }
-  .muted { color: #777; font-size: 12px; }
-</style>
-</head>
-<body>
-<h1>__TITLE__</h1>
-<div class="controls">
+"""
+
+BODY = """<div class="controls">
   <span><label for="image">Image</label> <select id="image"></select></span>
   <span><label for="layer">Layer</label> <select id="layer"></select></span>
   <span><label for="head">Head</label> <select id="head"></select></span>
@@ -154,25 +97,11 @@ PAGE = r"""<!DOCTYPE html>
     the map's own maximum; the cyan box is its peak.</p>
   </div>
 </div>
-<script id="vitscope-data" type="application/json">__DATA__</script>
-<script>
-(function () {
-  "use strict";
-  const D = JSON.parse(document.getElementById("vitscope-data").textContent);
-  const P = D.num_prefix_tokens, GH = D.grid[0], GW = D.grid[1], N = P + GH * GW;
+"""
+
+SCRIPT = r"""  const P = D.num_prefix_tokens, GH = D.grid[0], GW = D.grid[1], N = P + GH * GW;
   const L = D.num_layers, H = D.num_heads, LSTM = D.kind === "lstm";
 
-  function decodeHalf(b64) {
-    const bin = atob(b64), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    const u16 = new Uint16Array(bytes.buffer), out = new Float32Array(u16.length);
-    for (let i = 0; i < u16.length; i++) {
-      const h = u16[i], s = (h & 0x8000) ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-      out[i] = e === 0 ? s * Math.pow(2, -14) * (f / 1024)
-             : e === 31 ? (f ? NaN : s * Infinity) : s * Math.pow(2, e - 15) * (1 + f / 1024);
-    }
-    return out;
-  }
   const W = D.images.map(im => decodeHalf(im.weights));  // per image (T, L, H, N)
   const state = { image: 0, word: 0, layer: "mean", head: "mean", opacity: 0.62 };
 
@@ -194,13 +123,6 @@ PAGE = r"""<!DOCTYPE html>
              layer: state.layer, head: state.head, grid: [GH, GW], row: row, prefix: prefix, peak: peak };
   }
 
-  const STOPS = [[0,0,4],[40,11,84],[101,21,110],[159,42,99],[212,72,66],[245,125,21],[250,193,39],[245,251,161],[252,255,164]];
-  function color(t) {
-    t = Math.max(0, Math.min(1, t)) * (STOPS.length - 1);
-    const i = Math.min(Math.floor(t), STOPS.length - 2), f = t - i, a = STOPS[i], b = STOPS[i + 1];
-    return [0, 1, 2].map(j => Math.round(a[j] + f * (b[j] - a[j])));
-  }
-  const imgs = D.images.map(im => { const e = new Image(); e.src = im.src; return e; });
   const SCALE = Math.max(1, Math.floor(320 / Math.max(D.image_size[0], D.image_size[1])));
   const CH = D.image_size[0] * SCALE, CW = D.image_size[1] * SCALE, cellH = CH / GH, cellW = CW / GW;
 
@@ -254,10 +176,6 @@ PAGE = r"""<!DOCTYPE html>
     document.getElementById("head").value = String(state.head);
     render();
   }
-  function fill(id, items) {
-    const sel = document.getElementById(id);
-    for (const [v, t] of items) { const o = document.createElement("option"); o.value = String(v); o.textContent = t; sel.appendChild(o); }
-  }
   fill("image", D.images.map((im, i) => [i, "image " + i + (im.name ? " \u2014 " + im.name : "")]));
   fill("layer", [["mean", "mean of layers"]].concat(Array.from({ length: L }, (_, l) => [l, "layer " + l])));
   fill("head", [["mean", "mean of heads"]].concat(Array.from({ length: H }, (_, h) => [h, "head " + h])));
@@ -268,11 +186,7 @@ PAGE = r"""<!DOCTYPE html>
   document.getElementById("layer").addEventListener("change", e => setState({ layer: num(e.target.value) }));
   document.getElementById("head").addEventListener("change", e => setState({ head: num(e.target.value) }));
   document.getElementById("opacity").addEventListener("input", e => setState({ opacity: +e.target.value / 100 }));
-  Promise.all(imgs.map(im => im.decode ? im.decode().catch(() => {}) : null)).then(render);
+  whenImagesDecoded(render);
   setState({});
   window.vitscope = { data: D, state: state, currentMap: currentMap, setState: setState, ready: true };
-})();
-</script>
-</body>
-</html>
 """

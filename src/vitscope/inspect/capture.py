@@ -22,12 +22,13 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention
+from vitscope.errors import VitscopeError
 
 # A capture may take this share of the memory the system reports as available.
 DEFAULT_MEMORY_FRACTION = 0.5
 
 
-class CaptureTooLarge(MemoryError):
+class CaptureTooLarge(VitscopeError, MemoryError):
     """A capture would hold more attention weights than `max_bytes` allows."""
 
 

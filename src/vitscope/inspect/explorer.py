@@ -7,38 +7,20 @@ the head statistics. Weights travel as base64 float16, (B, L, H, N, N) for the i
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
 from vitscope.inspect.capture import capture_attention
-from vitscope.inspect.explorer_page import PAGE
-from vitscope.inspect.images import display_image, model_inputs
+from vitscope.inspect.explorer_page import BODY, CSS, SCRIPT
+from vitscope.inspect.images import model_inputs
 from vitscope.inspect.importance import HeadImportance
+from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, half_b64, png_data_url, write_page
 from vitscope.inspect.rollout import rollout
 from vitscope.inspect.stats import HeadStats, head_stats, nan_to_none
-
-# Past this the page gets slow to open; the error says how to shrink it.
-DEFAULT_MAX_PAGE_BYTES = 64 * 2**20
-
-
-def _png_data_url(image: Tensor) -> str:
-    a = (display_image(image) * 255).round().astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(a, mode="L" if a.ndim == 2 else "RGB").save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _half_b64(t: Tensor) -> str:
-    return base64.b64encode(t.to(torch.float16).numpy().astype("<f2").tobytes()).decode("ascii")
 
 
 def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | Tensor | None = None,
@@ -60,7 +42,7 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
     size = weights.numel() * 2 * 4 // 3
     if size > max_bytes:
         per_image = size // b
-        raise ValueError(f"the explorer would embed {size / 2**20:.1f} MiB of attention weights "
+        raise ConfigError(f"the explorer would embed {size / 2**20:.1f} MiB of attention weights "
                          f"({per_image / 2**20:.1f} MiB per image, {len(layers)} layers x {weights.shape[2]} "
                          f"heads x {layout.num_tokens}² tokens); pass fewer images or raise max_bytes")
     roll = rollout(layers, num_prefix_tokens=layout.num_prefix_tokens)  # (B, N, N)
@@ -77,7 +59,7 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
         if labels is not None and labels[i] is not None:
             y = int(labels[i])
             label = class_names[y] if class_names and y < len(class_names) else str(y)
-        entries.append({"src": _png_data_url(originals[i]), "top": top, "label": label,
+        entries.append({"src": png_data_url(originals[i]), "top": top, "label": label,
                         "name": image_names[i] if image_names and i < len(image_names) else None})
     if isinstance(importance, HeadImportance):
         importance = {importance.method: importance}
@@ -87,8 +69,8 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
         "num_heads": int(weights.shape[2]),
         "names": stats.names,
         "images": entries,
-        "weights": _half_b64(weights),
-        "rollout": _half_b64(roll),
+        "weights": half_b64(weights),
+        "rollout": half_b64(roll),
         "stats": {k: v for k, v in stats.to_dict().items() if k != "layout"},
         "importance": {k: v.to_dict() for k, v in (importance or {}).items()} or None,
     }
@@ -110,9 +92,4 @@ def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
     data = explorer_data(model, images, labels=labels, class_names=class_names, stats=stats,
                          importance=importance, image_names=image_names, mean=mean, std=std,
                          max_bytes=max_bytes)
-    text = json.dumps(nan_to_none(data), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    page = PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", text)
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
-    return out
+    return write_page(out_path, title=title, data=nan_to_none(data), css=CSS, body=BODY, script=SCRIPT)

@@ -1,29 +1,14 @@
 # ruff: noqa: E501  (HTML and JavaScript read better unwrapped)
-"""The explorer's page: HTML, CSS and JavaScript in one string, with no network access.
+"""The explorer's page: its own styles, markup and script (the parts every page shares: vitscope.inspect.page).
 
-`explorer.py` fills in the title and the data (JSON inside a <script type="application/json">).
-Tests and scripts can read the shown map through `window.vitscope.currentMap()` or the canvases'
-`data-values` attributes.
+`explorer.py` fills in the title and the data. Tests and scripts can read the shown map through
+`window.vitscope.currentMap()` or the canvases' `data-values` attributes.
 """
 
-PAGE = r"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__TITLE__</title>
-<style>
-  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px; color: #222; background: #fafafa; }
-  h1 { font-size: 18px; margin: 0 0 8px; }
-  .controls { display: flex; flex-wrap: wrap; gap: 14px; align-items: center; margin-bottom: 10px; }
-  .controls label { font-weight: 600; }
-  select, button { font: inherit; padding: 2px 6px; }
+CSS = """  button { font: inherit; padding: 2px 6px; }
   .modes button { border: 1px solid #888; background: #fff; cursor: pointer; }
   .modes button.active { background: #333; color: #fff; }
-  .panels { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
-  .panel { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px; }
-  .panel h2 { font-size: 13px; margin: 0 0 6px; font-weight: 600; }
-  canvas.map { cursor: crosshair; image-rendering: pixelated; display: block; }
+  canvas.map { cursor: crosshair; }
   .scale { display: flex; align-items: center; gap: 6px; font-size: 12px; margin-top: 4px; }
   .scale canvas { border: 1px solid #ccc; }
   #info { font-size: 12px; color: #444; min-height: 2.8em; max-width: 620px; }
@@ -34,12 +19,9 @@ PAGE = r"""<!DOCTYPE html>
   tbody tr { cursor: pointer; }
   .bar { display: inline-block; height: 9px; background: #4a7ebb; vertical-align: middle; }
   #predictions td:first-child { text-align: left; }
-  .muted { color: #777; font-size: 12px; }
-</style>
-</head>
-<body>
-<h1>__TITLE__</h1>
-<div class="controls">
+"""
+
+BODY = """<div class="controls">
   <span><label for="image">Image</label> <select id="image"></select></span>
   <span><label for="layer">Layer</label> <select id="layer"></select></span>
   <span><label for="head">Head</label> <select id="head"></select></span>
@@ -75,25 +57,11 @@ PAGE = r"""<!DOCTYPE html>
   re-normalised over patches). Entropy in nats. Region columns: share of the row set's attention.
   Click a row to show that head. Each map's colours run from 0 to its own maximum (the number under it).</p>
 </div>
-<script id="vitscope-data" type="application/json">__DATA__</script>
-<script>
-(function () {
-  "use strict";
-  const D = JSON.parse(document.getElementById("vitscope-data").textContent);
-  const P = D.layout.num_prefix_tokens, GH = D.layout.grid[0], GW = D.layout.grid[1];
+"""
+
+SCRIPT = r"""  const P = D.layout.num_prefix_tokens, GH = D.layout.grid[0], GW = D.layout.grid[1];
   const N = P + GH * GW, L = D.num_layers, H = D.num_heads, B = D.images.length;
 
-  function decodeHalf(b64) {
-    const bin = atob(b64), bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    const u16 = new Uint16Array(bytes.buffer), out = new Float32Array(u16.length);
-    for (let i = 0; i < u16.length; i++) {
-      const h = u16[i], s = (h & 0x8000) ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-      out[i] = e === 0 ? s * Math.pow(2, -14) * (f / 1024)
-             : e === 31 ? (f ? NaN : s * Infinity) : s * Math.pow(2, e - 15) * (1 + f / 1024);
-    }
-    return out;
-  }
   const W = decodeHalf(D.weights);   // (B, L, H, N, N)
   const R = decodeHalf(D.rollout);   // (B, N, N)
 
@@ -122,14 +90,6 @@ PAGE = r"""<!DOCTYPE html>
              grid: [GH, GW], row: row, col: col, rowPrefix: toPrefix, colPrefix: fromPrefix };
   }
 
-  // inferno, sampled at 9 stops
-  const STOPS = [[0,0,4],[40,11,84],[101,21,110],[159,42,99],[212,72,66],[245,125,21],[250,193,39],[245,251,161],[252,255,164]];
-  function color(t) {
-    t = Math.max(0, Math.min(1, t)) * (STOPS.length - 1);
-    const i = Math.min(Math.floor(t), STOPS.length - 2), f = t - i, a = STOPS[i], b = STOPS[i + 1];
-    return [0, 1, 2].map(j => Math.round(a[j] + f * (b[j] - a[j])));
-  }
-  const imgs = D.images.map(im => { const e = new Image(); e.src = im.src; return e; });
   const SCALE = Math.max(1, Math.floor(300 / Math.max(D.layout.image_size[0], D.layout.image_size[1])));
   const CH = D.layout.image_size[0] * SCALE, CW = D.layout.image_size[1] * SCALE;
   const cellH = CH / GH, cellW = CW / GW;
@@ -235,10 +195,6 @@ PAGE = r"""<!DOCTYPE html>
     render();
   }
 
-  function fill(id, items) {
-    const sel = document.getElementById(id);
-    for (const [v, t] of items) { const o = document.createElement("option"); o.value = String(v); o.textContent = t; sel.appendChild(o); }
-  }
   fill("image", D.images.map((im, i) => [i, "image " + i + (im.name ? " — " + im.name : "")]));
   fill("layer", D.names.map((n, i) => [i, i + " (" + n + ")"]));
   fill("head", [["mean", "mean of heads"]].concat(Array.from({ length: H }, (_, h) => [h, "head " + h])));
@@ -263,11 +219,7 @@ PAGE = r"""<!DOCTYPE html>
     });
   }
   drawScale("scale-row"); drawScale("scale-col");
-  Promise.all(imgs.map(im => im.decode ? im.decode().catch(() => {}) : null)).then(render);
+  whenImagesDecoded(render);
   setState({});
   window.vitscope = { data: D, state: state, currentMap: currentMap, setState: setState, ready: true };
-})();
-</script>
-</body>
-</html>
 """

@@ -1,4 +1,5 @@
-"""Images in and out of the inspection tools: model inputs, display copies, files from disk.
+"""Images in and out of the inspection tools: model inputs and display copies (image files are read by
+`vitscope.data.image_files`).
 
 A picture is best drawn from the original uint8 image; the model needs it normalised. Functions
 here accept either: uint8 (B, C, H, W) with the training `mean`/`std` (0..1 scale, per channel),
@@ -8,11 +9,12 @@ or float tensors already as the model takes them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from vitscope.errors import ConfigError
 
 
 def model_inputs(images: Tensor, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
@@ -29,7 +31,7 @@ def model_inputs(images: Tensor, mean: Sequence[float] | None = None, std: Seque
     if mean is not None and std is not None:
         c = x.shape[1]
         if len(mean) != c or len(std) != c:
-            raise ValueError(f"mean/std need {c} values for {c}-channel images, "
+            raise ConfigError(f"mean/std need {c} values for {c}-channel images, "
                              f"got {tuple(mean)} / {tuple(std)}")
         m = torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1)
         s = torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1)
@@ -48,24 +50,3 @@ def display_image(image: Tensor | np.ndarray) -> np.ndarray:
         a = np.asarray(image, np.float32)
         a = (a - a.min()) / max(float(a.max() - a.min()), 1e-8)
     return a[0] if a.shape[0] == 1 else np.moveaxis(a[:3], 0, -1)
-
-
-def load_image_files(paths: Sequence[str | Path], *, channels: int, size: tuple[int, int]) -> Tensor:
-    """Decode image files (PNG, JPEG, ...) to uint8 (B, C, H, W) through the training data's decoder
-    (vitscope.data.folder.load_image: the same decompression-bomb limit, transparency over white, centre-cropped
-    to the model's aspect and resized to `size` = (H, W), so a photo is not squashed)."""
-    from vitscope.data import DataError
-    from vitscope.data.folder import load_image
-
-    if channels not in (1, 3):
-        raise ValueError(f"images can be read for 1- or 3-channel models, not {channels} channels")
-    out = []
-    for p in paths:
-        p = Path(p)
-        if not p.is_file():
-            raise FileNotFoundError(f"no image file at {p}")
-        try:
-            out.append(torch.from_numpy(load_image(p, image_size=tuple(size), channels=channels, resize="crop")))
-        except DataError as e:
-            raise ValueError(f"cannot read {p} as an image: {str(e).removeprefix(f'{p}: ')}") from e
-    return torch.stack(out)

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
+from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write
 from vitscope.weights.checkpoints import (
-    atomic_write,
     load_training_state,
     load_weights,
     model_file_writer,
@@ -56,7 +57,7 @@ def _fault(point: str) -> None:
         FAULT(point)
 
 
-class CheckpointError(Exception):
+class CheckpointError(VitscopeError):
     """A checkpoint that cannot be written, or a run that cannot be resumed from what it holds. One line."""
 
 

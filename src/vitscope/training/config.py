@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from vitscope.data.transforms import TrainTransform
+from vitscope.errors import ConfigError
 from vitscope.fields import check_types
 from vitscope.training.optim import OptimizerName
-
-README_CLASSIFIER = "runs/fmnist_quick/best.safetensors"  # what `make run`, the README's main job, writes
 
 # torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
 MAX_SEED = 2**32 - 1
@@ -115,7 +114,7 @@ class TrainConfig:
                 self.augment = TrainTransform(**_tuples(self.augment))
             except TypeError as e:  # an unknown or missing augmentation field
                 known = ", ".join(TrainTransform.__dataclass_fields__)
-                raise ValueError(f"augment: {e}; its fields are {known}") from None
+                raise ConfigError(f"augment: {e}; its fields are {known}") from None
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)
         self.validate()
@@ -132,11 +131,11 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
         if not isinstance(d, dict):
-            raise ValueError(f"a training config is a JSON object of fields (like a run's config.json), "
+            raise ConfigError(f"a training config is a JSON object of fields (like a run's config.json), "
                              f"got {type(d).__name__} {d!r:.60}")
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"unknown training config fields: {sorted(unknown)}")
+            raise ConfigError(f"unknown training config fields: {sorted(unknown)}")
         return cls(**d)
 
 
@@ -147,7 +146,7 @@ def _tuples(d: dict) -> dict:
 # -- types --------------------------------------------------------------------------------------------
 def _check_types(cfg: TrainConfig) -> None:
     if isinstance(cfg.betas, (tuple, list)) and len(cfg.betas) != 2:
-        raise ValueError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {tuple(cfg.betas)}")
+        raise ConfigError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {tuple(cfg.betas)}")
     if cfg.data_dir is not None and isinstance(cfg.data_dir, os.PathLike):
         cfg.data_dir = os.fspath(cfg.data_dir)
     check_types(cfg)
@@ -162,12 +161,12 @@ def _finite(name: str, value: float, *, low: float, high: float = math.inf, low_
     if bad:
         lo = f"{'(' if low_open else '['}{low:g}"
         hi = f"{high:g}{')' if high_open else ']'}" if math.isfinite(high) else "inf)"
-        raise ValueError(f"{name} must be a finite number in {lo}, {hi}{unit}, got {value}")
+        raise ConfigError(f"{name} must be a finite number in {lo}, {hi}{unit}, got {value}")
 
 
 def _at_least(name: str, value: int, low: int, what: str = "") -> None:
     if value < low:
-        raise ValueError(f"{name} must be at least {low}{what}, got {value}")
+        raise ConfigError(f"{name} must be at least {low}{what}, got {value}")
 
 
 def _check_ranges(cfg: TrainConfig) -> None:
@@ -175,13 +174,13 @@ def _check_ranges(cfg: TrainConfig) -> None:
         _at_least(name, getattr(cfg, name), 1)
     _at_least("explain_images", cfg.explain_images, 0, " (0: no explorer)")
     if cfg.final_eval_shift < 0:
-        raise ValueError(f"final_eval_shift is a number of pixels, at least 0, got {cfg.final_eval_shift}")
+        raise ConfigError(f"final_eval_shift is a number of pixels, at least 0, got {cfg.final_eval_shift}")
     if cfg.threads is not None and cfg.threads < 0:
-        raise ValueError(f"threads is a number of CPU threads (0 or none: torch's default), got {cfg.threads}")
+        raise ConfigError(f"threads is a number of CPU threads (0 or none: torch's default), got {cfg.threads}")
     if cfg.optimizer not in ("adamw", "muon"):
-        raise ValueError(f"optimizer must be 'adamw' or 'muon', got {cfg.optimizer!r}")
+        raise ConfigError(f"optimizer must be 'adamw' or 'muon', got {cfg.optimizer!r}")
     if cfg.amp not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"amp must be 'auto', 'bf16' or 'fp32', got {cfg.amp!r}")
+        raise ConfigError(f"amp must be 'auto', 'bf16' or 'fp32', got {cfg.amp!r}")
     _finite("lr", cfg.lr, low=0, low_open=True)
     _finite("min_lr", cfg.min_lr, low=0)
     _finite("weight_decay", cfg.weight_decay, low=0)
@@ -194,11 +193,11 @@ def _check_ranges(cfg: TrainConfig) -> None:
     if cfg.ema_decay is not None:
         _finite("ema_decay", cfg.ema_decay, low=0, high=1, low_open=True, high_open=True, unit="; none: no EMA")
     if not 0 <= cfg.seed <= MAX_SEED:
-        raise ValueError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
+        raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
     if cfg.image_size is not None:
         _at_least("image_size", cfg.image_size, 1, " pixel")
     if cfg.init_weights is not None and cfg.pretrained:
-        raise ValueError("pretrained and init_weights both choose the starting weights; give one")
+        raise ConfigError("pretrained and init_weights both choose the starting weights; give one")
     _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
@@ -218,7 +217,7 @@ def _check_caption(cfg: TrainConfig) -> None:
     from vitscope.caption.transformer import TransformerCaptionerConfig
 
     if cfg.dataset not in CAPTION_DATASETS:
-        raise ValueError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
+        raise ConfigError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
                          f"not {cfg.dataset!r}")
     _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
     _at_least("vocab_min_count", cfg.vocab_min_count, 1)
@@ -227,14 +226,14 @@ def _check_caption(cfg: TrainConfig) -> None:
     own = {f.name for f in fields(config)} - {"vocab_size", "encoder", "max_len", "label_smoothing"}
     unknown = sorted(set(cfg.decoder_args) - own)
     if unknown:
-        raise ValueError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.captioner} captioner; choose "
+        raise ConfigError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.captioner} captioner; choose "
                          f"from {', '.join(sorted(own))} (max_len and label_smoothing are training fields)")
     a = cfg.augment
     moved = [name for name, on in (("flip", a.flip), ("crop rrc", a.crop == "rrc"), ("mixup", a.mixup_alpha > 0),
                                    ("cutmix", a.cutmix_alpha > 0), ("eval_flip", cfg.eval_flip),
                                    ("final_eval_shift", cfg.final_eval_shift > 0)) if on]
     if moved:
-        raise ValueError(f"--task caption: {', '.join(moved)} would move or mix what the captions name (a mirror "
+        raise ConfigError(f"--task caption: {', '.join(moved)} would move or mix what the captions name (a mirror "
                          f"image swaps left and right); turn {'it' if len(moved) == 1 else 'them'} off "
                          f"(--aug-flip false, --aug-crop none or pad, ...)")
 
@@ -254,26 +253,26 @@ def check_model(cfg: TrainConfig) -> None:
     known = set(ViTConfig.__dataclass_fields__)
     unknown = sorted(set(cfg.model_args) - known)
     if unknown:
-        raise ValueError(f"model_args: {', '.join(unknown)} not a model field; choose from {', '.join(sorted(known))}")
+        raise ConfigError(f"model_args: {', '.join(unknown)} not a model field; choose from {', '.join(sorted(known))}")
     args = {**base, **cfg.model_args}
     for name in _POSITIVE_INTS:
         v = args[name]
         if isinstance(v, int) and not isinstance(v, bool) and v < 1:
             why = " (a model with no blocks has nothing to train)" if name == "depth" else ""
-            raise ValueError(f"{name} must be at least 1{why}, got {v}")
+            raise ConfigError(f"{name} must be at least 1{why}, got {v}")
     for name in _PROBABILITIES:
         v = args[name]
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 <= v < 1:
-            raise ValueError(f"{name} is a probability in [0, 1), got {v}")
+            raise ConfigError(f"{name} is a probability in [0, 1), got {v}")
     for name, low in (("mlp_ratio", 0.0), ("norm_eps", 0.0)):
         v = args[name]
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v > low):
-            raise ValueError(f"{name} must be a finite number above {low:g}, got {v}")
+            raise ConfigError(f"{name} must be a finite number above {low:g}, got {v}")
     stem = args["stem"]
     pair = (lambda s: isinstance(s, (list, tuple)) and len(s) == 2
             and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in s))
     if not isinstance(stem, (list, tuple)) or not all(pair(s) for s in stem):
-        raise ValueError(f"stem is a list of [channels, stride] pairs of whole numbers >= 1, e.g. --set "
+        raise ConfigError(f"stem is a list of [channels, stride] pairs of whole numbers >= 1, e.g. --set "
                          f"stem=[[32,2],[64,2]] (or [] for none); got {stem!r}")
     img = args["img_size"]
     given_img = "img_size" in cfg.model_args
@@ -281,7 +280,7 @@ def check_model(cfg: TrainConfig) -> None:
         img = tuple(img)
     if given_img and not (isinstance(img, int) and not isinstance(img, bool) and img >= 1 or isinstance(img, tuple)
                           and len(img) == 2 and all(isinstance(x, int) and x >= 1 for x in img)):
-        raise ValueError(f"img_size is a number of pixels or [height, width], got {img!r}")
+        raise ConfigError(f"img_size is a number of pixels or [height, width], got {img!r}")
     # The data decides the image size unless img_size is given: check the rest with a size that fits.
     patch = args["patch_size"] if isinstance(args["patch_size"], int) and args["patch_size"] >= 1 else 1
     args["img_size"] = img if given_img else patch
@@ -316,6 +315,6 @@ def _check_step_memory(cfg: TrainConfig, args: dict, side: int) -> None:
     need = step_bytes(args, side, cfg.batch_size)
     have = _memory_bytes()
     if have is not None and need > have:
-        raise ValueError(f"image_size {side}: a training step at {side}x{side} pixels with batch_size "
+        raise ConfigError(f"image_size {side}: a training step at {side}x{side} pixels with batch_size "
                          f"{cfg.batch_size} needs about {need / 2**30:,.0f} GiB for its activations, and this "
                          f"machine has {have / 2**30:,.0f} GiB; choose a smaller --image-size or --batch-size")

@@ -14,10 +14,10 @@ from torch import nn
 
 from vitscope.data import ImageDataset
 from vitscope.data.transforms import TrainTransform, eval_transform, tta_views
+from vitscope.io import atomic_write
 from vitscope.kernels import allocator
 from vitscope.training import distributed as D
 from vitscope.training.config import TrainConfig
-from vitscope.weights.checkpoints import atomic_write
 
 if TYPE_CHECKING:
     from vitscope.training.loop import TrainResult

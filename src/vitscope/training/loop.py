@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vitscope import kernels
+from vitscope.errors import ConfigError
 from vitscope.kernels import allocator, bf16
 from vitscope.training import distributed as D
 from vitscope.training.checkpointing import (
@@ -69,13 +70,13 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as e:
-        raise ValueError(f"device {name!r} is not a device torch knows ({e}); use auto, cpu, cuda or cuda:N") from e
+        raise ConfigError(f"device {name!r} is not a device torch knows ({e}); use auto, cpu, cuda or cuda:N") from e
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch is a CPU build" if torch.version.cuda is None else "torch finds no CUDA GPU"
-            raise ValueError(f"device {name!r}: {why}; train with --device cpu (or auto)")
+            raise ConfigError(f"device {name!r}: {why}; train with --device cpu (or auto)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA GPUs, numbered from 0")
+            raise ConfigError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA GPUs, numbered from 0")
     return device
 
 
@@ -215,9 +216,9 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
     run_dir = Path(run_dir)
     cfg.validate()  # a dataclass can be changed after it was made
     if weights_only and not resume:
-        raise ValueError("weights_only continues a run from its weights: use it with resume (--resume RUN_DIR)")
+        raise ConfigError("weights_only continues a run from its weights: use it with resume (--resume RUN_DIR)")
     if resume and overwrite:
-        raise ValueError("--resume continues a run and --overwrite replaces it: choose one")
+        raise ConfigError("--resume continues a run and --overwrite replaces it: choose one")
     device = pick_device(cfg.device)
     info = D.setup(device)
     try:
@@ -233,7 +234,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 allocator.keep_freed_memory()
             s = _setup(cfg, device, resume=resume)
             if cfg.batch_size % info.world_size:
-                raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {info.world_size} processes")
+                raise ConfigError(f"batch_size {cfg.batch_size} must divide evenly over {info.world_size} processes")
             gen = torch.Generator().manual_seed(cfg.seed)
             at = _restore(cfg, s, found, gen, run_dir, info)
             if info.is_main:

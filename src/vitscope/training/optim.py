@@ -20,6 +20,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
+
 from .muon import Muon
 
 OptimizerName = Literal["adamw", "muon"]
@@ -108,7 +110,7 @@ class MuonWithAdamW:
 
     def load_state_dict(self, state: dict) -> None:
         if set(state) != {"muon", "adamw"}:
-            raise ValueError("this optimizer state was not saved by a Muon run; resume with the run's own "
+            raise ConfigError("this optimizer state was not saved by a Muon run; resume with the run's own "
                              "config (its config.json names the optimizer)")
         self.muon.load_state_dict(state["muon"])
         self.adamw.load_state_dict(state["adamw"])
@@ -123,4 +125,4 @@ def build_optimizer(name: OptimizerName, model: nn.Module, *, lr: float, weight_
         return MuonWithAdamW(model, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused)
     if name == "adamw":
         return torch.optim.AdamW(model.param_groups(weight_decay), lr=lr, betas=betas, fused=fused)
-    raise ValueError(f"optimizer must be 'adamw' or 'muon', got {name!r}")
+    raise ConfigError(f"optimizer must be 'adamw' or 'muon', got {name!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vitscope.data.transforms import TrainTransform
-from vitscope.training.config import README_CLASSIFIER
+from vitscope.errors import ConfigError
 from vitscope.training.loop import TrainConfig
 
 _RECIPES: dict[str, Callable[[], TrainConfig]] = {}
@@ -24,9 +24,14 @@ def list_recipes() -> list[str]:
     return sorted(_RECIPES)
 
 
+# A preset whose model starts from another preset's trained weights: the run folder holding them is the
+# caller's to find (the CLI reads the one `make run` writes), so the library names the preset, not a path.
+STARTS_FROM = {"caption_quick": "fmnist_quick", "caption_lstm_quick": "fmnist_quick"}
+
+
 def get_recipe(name: str) -> TrainConfig:
     if name not in _RECIPES:
-        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(list_recipes())}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(list_recipes())}")
     return _RECIPES[name]()
 
 
@@ -105,8 +110,8 @@ def fmnist_tutorial() -> TrainConfig:
 
 
 # -- captioning (vitscope.caption; `--task caption`) ----------------------------------------------------
-_SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick", init_weights=README_CLASSIFIER,
-               max_len=40, optimizer="muon", batch_size=64, lr=1.5e-3, weight_decay=0.05, warmup_epochs=0.3,
+_SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick", max_len=40, optimizer="muon",
+               batch_size=64, lr=1.5e-3, weight_decay=0.05, warmup_epochs=0.3,
                label_smoothing=0.1, eval_batch_size=500, eval_every_steps=156,
                augment=TrainTransform(crop="none", flip=False))
 
@@ -119,7 +124,8 @@ def caption_quick() -> TrainConfig:
     `make run` first (its classifier starts the encoder), then `vitscope train --preset caption_quick`, then
     `vitscope eval RUN --beam 5`. As the lecture's captioners start from an ImageNet CNN, the encoder starts
     from runs/fmnist_quick (models.vit_fmnist_quick, here on the 56 x 56 canvas: its stride-4 stem gives each
-    28 x 28 cell the 7 x 7 tokens the classifier gives an item); `--init-weights none` trains it from scratch.
+    28 x 28 cell the 7 x 7 tokens the classifier gives an item; STARTS_FROM, and from Python pass init_weights);
+    `--init-weights none` trains it from scratch.
     The decoder is 2 blocks of width 128 over the 196 image tokens, which carry a learned 2-D position each
     (caption.transformer.MemoryPositions: without them the decoder binds items to the wrong cells longer).
     Muon, batch 64, label smoothing 0.1, one of each image's five references per epoch, two epochs; the loop

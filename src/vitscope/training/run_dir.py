@@ -18,6 +18,8 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
+from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write
 from vitscope.training.checkpointing import (
     LAST,
     LEGACY_EMA,
@@ -27,7 +29,6 @@ from vitscope.training.checkpointing import (
     link_last,
     remove_other_steps,
 )
-from vitscope.weights.checkpoints import atomic_write
 
 LOCK = ".vitscope.lock"
 # Files a training writes; the first ones mark a directory as holding a run.
@@ -35,7 +36,7 @@ RUN_MARKERS = ("config.json", "metrics.jsonl", MANIFEST, LAST, "best.safetensors
 RUN_FILES = (*RUN_MARKERS, LEGACY_EMA, "curves.png", "confusion.png", "explorer.html")
 
 
-class RunDirError(Exception):
+class RunDirError(VitscopeError):
     """A run directory that cannot be trained into as asked. The message says what to do."""
 
 

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
 from vitscope.training import distributed as D
-from vitscope.training.config import README_CLASSIFIER, TrainConfig
+from vitscope.training.config import TrainConfig
 
 
 @dataclass
@@ -163,15 +164,13 @@ def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
     if cfg.init_weights is None:
         return cfg.pretrained
     if not os.path.isfile(cfg.init_weights):
-        hint = (" (the caption presets start from the README's classifier: run `make run` first, or train from "
-                "scratch with --init-weights none)" if cfg.init_weights == README_CLASSIFIER else "")
-        raise ValueError(f"init_weights: no file {cfg.init_weights}{hint}")
+        raise ConfigError(f"init_weights: no file {cfg.init_weights}; give a weights file, or none to start afresh")
     return cfg.init_weights
 
 
 def _check_batch(cfg: TrainConfig, n: int, what: str) -> None:
     if n < cfg.batch_size:
-        raise ValueError(f"batch_size {cfg.batch_size} is larger than the training set ({n} {what})")
+        raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set ({n} {what})")
 
 
 # -- captioning ------------------------------------------------------------------------------------------
@@ -296,9 +295,9 @@ class CaptionTask:
         """curves.png, summary.json, caption_attention.png (the per-word figure) and captions.html."""
         from vitscope.caption.run import write_caption_report
         from vitscope.caption.vocab import detokenize
+        from vitscope.io import atomic_write
         from vitscope.kernels import allocator
         from vitscope.training.curves import plot_curves, read_metrics
-        from vitscope.weights.checkpoints import atomic_write
 
         rows = read_metrics(run_dir / "metrics.jsonl")
         plot_curves(rows, run_dir / "curves.png", title=f"{cfg.captioner} captioner ({cfg.model} encoder) on "

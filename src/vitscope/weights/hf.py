@@ -1,5 +1,5 @@
 """Hugging Face transformers' ViT in and out, without importing transformers: key maps, config conversion,
-`load_hf` and `export_hf` (also importable from vitscope.weights.checkpoints)."""
+`load_hf` and `export_hf`."""
 
 from __future__ import annotations
 
@@ -13,17 +13,10 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from vitscope.errors import ConfigError, InputError
+from vitscope.io import atomic_write
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import (
-    PathLike,
-    StateDict,
-    _few,
-    _load_checked,
-    _load_safetensors,
-    _read_tensors,
-    _torch_load,
-    atomic_write,
-)
+from vitscope.weights.files import PathLike, StateDict, few, load_checked, read_safetensors, read_tensors, torch_load
 
 # -- key maps --------------------------------------------------------------------
 # Block parameters: (transformers 4 name, transformers 5 name) -> ours. "q"/"k"/"v" are fused into qkv.
@@ -57,21 +50,21 @@ _HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=1
 def _vit_config_from_hf(c: dict, num_classes: int) -> ViTConfig:
     c = {**_HF_DEFAULTS, **c}
     if c.get("model_type", "vit") != "vit":
-        raise ValueError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
+        raise InputError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
     if c["hidden_act"] != "gelu":
-        raise ValueError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
+        raise InputError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
                          f"GELU, transformers' 'gelu'")
     dim, heads = c["hidden_size"], c["num_attention_heads"]
     if c.get("head_dim") not in (None, dim // heads) or dim % heads:
-        raise ValueError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
+        raise InputError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
     patch = c["patch_size"]
     if isinstance(patch, (list, tuple)):
         if patch[0] != patch[1]:
-            raise ValueError(f"only square patches are supported, got patch_size {patch}")
+            raise InputError(f"only square patches are supported, got patch_size {patch}")
         patch = patch[0]
     mlp_ratio = c["intermediate_size"] / dim
     if int(dim * mlp_ratio) != c["intermediate_size"]:
-        raise ValueError(f"intermediate_size {c['intermediate_size']} is not representable as "
+        raise InputError(f"intermediate_size {c['intermediate_size']} is not representable as "
                          f"int(hidden_size * mlp_ratio) for hidden_size {dim}")
     img = c["image_size"]
     return ViTConfig(
@@ -111,10 +104,10 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
         else:
             unknown.append(key)
     if unknown:
-        raise ValueError(f"transformers checkpoint has tensors vitscope cannot map: {_few(unknown)}")
+        raise InputError(f"transformers checkpoint has tensors vitscope cannot map: {few(unknown)}")
     for (i, kind), parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
-            raise ValueError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
+            raise InputError(f"transformers checkpoint layer {i} has only {sorted(parts)} "
                              f"of query/key/value {kind}")
         ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
     num_classes = ours["head.weight"].shape[0] if "head.weight" in ours else 0
@@ -125,15 +118,15 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
 
 def _read_hf_folder(folder: Path) -> dict[str, Tensor]:
     if (folder / "model.safetensors").exists():
-        return _load_safetensors(folder / "model.safetensors")
+        return read_safetensors(folder / "model.safetensors")
     index = folder / "model.safetensors.index.json"
     if index.exists():
         sd: dict[str, Tensor] = {}
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            sd.update(_load_safetensors(folder / shard))
+            sd.update(read_safetensors(folder / shard))
         return sd
     if (folder / "pytorch_model.bin").exists():
-        return _torch_load(folder / "pytorch_model.bin")
+        return torch_load(folder / "pytorch_model.bin")
     raise FileNotFoundError(f"{folder} has no model.safetensors (or shards, or pytorch_model.bin)")
 
 
@@ -148,17 +141,17 @@ def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None)
     else:
         path = Path(source)
         folder = path if path.is_dir() else path.parent
-        sd = _read_hf_folder(path) if path.is_dir() else _read_tensors(path)
+        sd = _read_hf_folder(path) if path.is_dir() else read_tensors(path)
     if config is None:
         if folder is None or not (folder / "config.json").exists():
-            raise ValueError("load_hf needs the transformers config: pass config= (a dict or a "
+            raise ConfigError("load_hf needs the transformers config: pass config= (a dict or a "
                              "config.json path)")
         config = folder / "config.json"
     if not isinstance(config, Mapping):
         config = json.loads(Path(config).read_text())
     cfg, ours = hf_to_vitscope(sd, dict(config))
     model = VisionTransformer(cfg)
-    return _load_checked(model, ours, "transformers checkpoint").eval()
+    return load_checked(model, ours, "transformers checkpoint").eval()
 
 
 def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] | None = None,
@@ -182,9 +175,9 @@ def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] |
         (cfg.num_classes <= 0, "no classifier head (num_classes=0)"),
     ] if bad]
     if problems:
-        raise ValueError("this model cannot be exported to transformers' ViT: " + "; ".join(problems))
+        raise ConfigError("this model cannot be exported to transformers' ViT: " + "; ".join(problems))
     if labels is not None and len(labels) != cfg.num_classes:
-        raise ValueError(f"{len(labels)} labels given for a {cfg.num_classes}-class head")
+        raise ConfigError(f"{len(labels)} labels given for a {cfg.num_classes}-class head")
     labels = labels or [f"LABEL_{i}" for i in range(cfg.num_classes)]
     d, hidden = cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio)
     img = list(cfg.img_size) if isinstance(cfg.img_size, tuple) else cfg.img_size

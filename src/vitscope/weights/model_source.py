@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitscope.errors import InputError
 from vitscope.vit import VisionTransformer
 
 
@@ -46,7 +47,7 @@ def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     model, info = _open_unchecked(source)
     _check_finite(model, info.source)
     if len(info.classes) != model.num_classes:
-        raise ValueError(f"{info.source} names {len(info.classes)} classes but its head has {model.num_classes} "
+        raise InputError(f"{info.source} names {len(info.classes)} classes but its head has {model.num_classes} "
                          f"outputs: its metadata does not belong to its weights; use the checkpoint its run wrote")
     return model, info
 
@@ -57,7 +58,7 @@ def _check_finite(model: VisionTransformer, source: str) -> None:
     tensors = model.state_dict()
     bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"{source} holds NaN or infinite weights ({len(bad)} of {len(tensors)} tensors, e.g. "
+        raise InputError(f"{source} holds NaN or infinite weights ({len(bad)} of {len(tensors)} tensors, e.g. "
                          f"{bad[0]}): the training that wrote it diverged; use an earlier checkpoint (a run's "
                          f"best.safetensors)")
 
@@ -83,7 +84,7 @@ def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
         except ValueError as e:
             if "num_heads" not in str(e):
                 raise
-            raise ValueError(f"{ckpt} holds weights without vitscope's config, and no preset has their shape, so their "
+            raise InputError(f"{ckpt} holds weights without vitscope's config, and no preset has their shape, so their "
                              f"number of heads is unknown: save the model with vitscope.weights.checkpoints.save_model("
                              f"model, 'model.safetensors'), which records its config, and give that file") from None
         return model, _info(model, {}, ckpt)
@@ -134,14 +135,14 @@ def _shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape under timm's names; a safetensors file is read for its header only."""
     from safetensors import safe_open
 
-    from vitscope.weights.checkpoints import _read_tensors, _strip_prefix
+    from vitscope.weights.files import read_tensors, strip_prefix
 
     if ckpt.suffix == ".safetensors":
         with safe_open(str(ckpt), framework="pt") as f:
             raw = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     else:
-        raw = {k: tuple(v.shape) for k, v in _read_tensors(ckpt).items()}
-    return _strip_prefix(raw)
+        raw = {k: tuple(v.shape) for k, v in read_tensors(ckpt).items()}
+    return strip_prefix(raw)
 
 
 def _info(model: VisionTransformer, meta: dict[str, str], source: Path, mean: float | None = None,

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from torch import Tensor
 
+from vitscope.errors import VitscopeError
+from vitscope.io import atomic_write
 from vitscope.vit import VisionTransformer
 
 # vitscope preset -> the pretrained tag timm loads for it by default (ImageNet-21k, fine-tuned on 1k)
@@ -38,7 +39,7 @@ MEAN = 0.5
 STD = 0.5
 
 
-class WeightsError(RuntimeError):
+class WeightsError(VitscopeError, RuntimeError):
     """Pretrained weights could not be found or fetched; the message says what to do."""
 
 
@@ -54,9 +55,9 @@ def weights_url(name: str) -> str:
 
 def weights_file(name: str, *, progress: bool = True, opener: Callable | None = None) -> Path:
     """The preset's checkpoint in the cache, downloaded first if it is not there."""
-    from vitscope.data.base import cache_root
+    from vitscope.io import data_root
 
-    path = cache_root() / "weights" / f"{_tag(name)}.safetensors"
+    path = data_root() / "weights" / f"{_tag(name)}.safetensors"
     if path.is_file():
         return path
     url = weights_url(name)
@@ -78,10 +79,8 @@ def _fetch(url: str, path: Path, *, progress: bool, opener: Callable) -> None:
     """Stream `url` to a temporary file beside `path`, check it is a ViT checkpoint, then rename it."""
     from tqdm.auto import tqdm
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f, opener(url, timeout=60) as response:
+    def stream(tmp: str) -> None:
+        with open(tmp, "wb") as f, opener(url, timeout=60) as response:
             size = int(getattr(response, "headers", {}).get("Content-Length") or 0)
             with tqdm(total=size or None, unit="B", unit_scale=True, desc=f"download {path.stem}",
                       disable=not progress) as bar:
@@ -89,12 +88,12 @@ def _fetch(url: str, path: Path, *, progress: bool, opener: Callable) -> None:
                     f.write(chunk)
                     bar.update(len(chunk))
         _check_checkpoint(Path(tmp), url)
-        os.replace(tmp, path)
+
+    try:
+        atomic_write(path, stream)
     except OSError as e:  # URLError, HTTPError, timeouts, a full disk
         raise WeightsError(f"could not download {url} ({e}); on a machine without access, fetch the file "
                            f"elsewhere and put it at {path}, or pass pretrained=PATH") from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _check_checkpoint(path: Path, url: str) -> None:
@@ -126,9 +125,10 @@ def adapt_input_channels(weight: Tensor, in_chans: int) -> Tensor:
 def load_pretrained(model: VisionTransformer, source: str | Path | dict[str, Tensor]) -> VisionTransformer:
     """Load a timm checkpoint (a file or a state dict) into `model`, adapting the head, the input channels
     and the position table where the model's shape differs; every other tensor must match exactly."""
-    from vitscope.weights.checkpoints import _as_state_dict, _strip_prefix, load_timm_state_dict
+    from vitscope.weights.checkpoints import load_timm_state_dict
+    from vitscope.weights.files import as_state_dict, strip_prefix
 
-    sd = _strip_prefix(_as_state_dict(source))
+    sd = strip_prefix(as_state_dict(source))
     own = model.state_dict()
     for key in ("head.weight", "head.bias"):
         if key in sd and (key not in own or own[key].shape != sd[key].shape):

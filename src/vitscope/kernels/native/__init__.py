@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from vitscope.io import cache_root
+
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
 
@@ -68,12 +70,7 @@ _isas: dict[str, str | None] = {}  # each instruction set: None where its kernel
 
 def cache_dir() -> Path:
     """Where built libraries go."""
-    env = os.environ.get("VITSCOPE_CACHE")
-    if env:
-        return Path(env).expanduser() / "native"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "vitscope" / "native"
+    return cache_root() / "native"
 
 
 def _cpuinfo(field: str) -> str:
