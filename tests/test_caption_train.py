@@ -165,3 +165,11 @@ def test_a_run_without_scenes_is_judged_and_shown_by_cider(monkeypatch, tmp_path
     (fig,) = figures
     assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "CIDEr-D", "test CIDEr-D"]
 
+
+def test_overwrite_removes_the_previous_runs_caption_pictures(toy, tmp_path):
+    train(tiny_caption_config(epochs=1), tmp_path, progress=False)
+    assert (tmp_path / "caption_attention.png").is_file() and (tmp_path / "captions.html").is_file()
+    (tmp_path / "notes.txt").write_text("the user's own")
+    train(tiny_caption_config(epochs=1), tmp_path, overwrite=True, progress=False, max_steps=1)  # no report yet
+    assert not (tmp_path / "caption_attention.png").exists() and not (tmp_path / "captions.html").exists()
+    assert (tmp_path / "notes.txt").read_text() == "the user's own"
