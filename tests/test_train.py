@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 pytest.importorskip("sklearn")
 
 from vitscope.data.transforms import TrainTransform  # noqa: E402
+from vitscope.errors import VitscopeError  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
 from vitscope.training import classify  # noqa: E402
 from vitscope.training.checkpointing import CheckpointError  # noqa: E402
@@ -262,6 +263,7 @@ def test_nan_loss_before_any_checkpoint_says_nothing_was_kept(tmp_path, monkeypa
     with pytest.raises(NonFiniteLoss) as err:
         train(tiny_config(epochs=2), tmp_path / "run", progress=False)
     msg = str(err.value)
+    assert isinstance(err.value, VitscopeError)  # the CLI prints it as its one line
     assert "at step 0 (epoch 1) before the run's first checkpoint, so nothing was kept" in msg
     assert "last.safetensors" not in msg and f"--out {tmp_path / 'run'} --overwrite" in msg
     assert not list((tmp_path / "run").glob("*.safetensors"))
