@@ -80,7 +80,8 @@ def curves(run_dirs: list[Path], png: Path | None) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, rows in runs:
         for r in rows:
-            print(f"| {label} | {r['epoch']:.2f} | {r['train_time_s'] / 60:.1f} | {100 * r['test_acc']:.2f} | "
+            print(f"| {label} | {r['epoch']:.2f} | {r['train_time_s'] / 60:.1f} | "
+                  f"{100 * r['test_item_accuracy']:.2f} | "
                   f"{100 * r.get('test_exact_match', float('nan')):.2f} | {r.get('test_bleu4', float('nan')):.4f} | "
                   f"{r.get('test_cider', float('nan')):.3f} | {100 * r.get('test_grounding', float('nan')):.1f} |")
     if png is None:
@@ -90,7 +91,8 @@ def curves(run_dirs: list[Path], png: Path | None) -> None:
     fig = Figure(figsize=(7, 4.5), dpi=110)
     ax = fig.subplots()
     for label, rows in runs:
-        ax.plot([0] + [r["train_time_s"] / 60 for r in rows], [0] + [100 * r["test_acc"] for r in rows], "o-",
+        ax.plot([0] + [r["train_time_s"] / 60 for r in rows],
+                [0] + [100 * r["test_item_accuracy"] for r in rows], "o-",
                 label=label)
     ax.set(xlabel="training wall time (min)", ylabel="test item accuracy (%), greedy",
            title="Fashion-MNIST scenes: transformer vs LSTM-with-attention captioner")

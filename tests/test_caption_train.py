@@ -69,14 +69,14 @@ def test_a_caption_run_trains_end_to_end_through_the_loop(toy, tmp_path):
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     assert max(r["test_item_accuracy"] for r in rows) > 0  # and names some items in their cells
     assert {"test_bleu4", "test_cider", "test_item_accuracy", "test_exact_match", "test_grounding"} <= set(rows[-1])
-    assert res.test_acc == rows[-1]["test_item_accuracy"]  # the metric best.safetensors follows
+    assert res.value == rows[-1]["test_item_accuracy"]  # the metric best.safetensors follows
     with safe_open(str(tmp_path / "last.safetensors"), "pt") as f:
         meta = f.metadata()
     vocab = vocab_from_metadata(meta)  # the vocabulary travels with the weights
     assert "sneaker" in vocab.index and meta[VOCAB_KEY]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["task"] == "caption" and summary["vocabulary"] == len(vocab)
-    assert summary["test"]["item_accuracy"] == res.test_acc
+    assert summary["test"]["item_accuracy"] == res.value
 
 
 @pytest.mark.parametrize("captioner,optimizer", [("transformer", "adamw"), ("transformer", "muon"), ("lstm", "adamw")])
@@ -113,14 +113,13 @@ def test_the_decoder_returns_the_cross_attention_its_blocks_compute():
 
 
 def test_muon_leaves_the_captioners_output_layer_to_adamw(toy):
-    from vitscope.caption.task import CaptionTask, CaptionTaskConfig
+    from vitscope.caption.task import CaptionTaskConfig, build_captioner
     from vitscope.caption.transformer import EncoderSpec
 
     data = toy_scenes("train", 8)
-    task = CaptionTask(CaptionTaskConfig(encoder=EncoderSpec("vit_tiny_patch7_28", dict(depth=1, embed_dim=32,
-                                                                                      num_heads=2)),
-                                         decoder=dict(dim=32, depth=1, num_heads=2)), data.build_vocab())
-    names = set(muon_param_names(task.build_model(img_size=56, in_chans=1)))
+    config = CaptionTaskConfig(encoder=EncoderSpec("vit_tiny_patch7_28", dict(depth=1, embed_dim=32, num_heads=2)),
+                               decoder=dict(dim=32, depth=1, num_heads=2))
+    names = set(muon_param_names(build_captioner(config, len(data.build_vocab()), img_size=56, in_chans=1)))
     assert "decoder.head.weight" not in names  # reads out words as a classifier's head reads out classes
     assert "decoder.token_embed.weight" not in names and "decoder.pos_embed.weight" not in names
     assert "decoder.blocks.0.cross_attn.proj.weight" in names and "encoder.blocks.0.attn.qkv.weight" in names
@@ -141,3 +140,36 @@ def test_the_lstm_attends_as_additive_attention_with_its_keys_projected_once():
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w)
     assert torch.equal(got[1][2], torch.zeros(5))
+
+
+def test_a_run_without_scenes_is_judged_and_shown_by_cider(monkeypatch, tmp_path, capsys):
+    """Captions with no scene behind them have no item accuracy: the run follows CIDEr-D, a number (not a
+    percentage), in its lines, its rows, its summary and its curves."""
+    from vitscope.training import curves
+
+    def load(name, split, **kw):
+        d = toy_scenes(split, 96 if split == "train" else 12)
+        return CaptionDataset(d.images, d.captions, "toy_captions", d.mean, d.std, names=d.names)
+
+    monkeypatch.setattr(caption_task, "load_caption_dataset", load)
+    figures = []
+    monkeypatch.setattr(curves.plt, "close", figures.append)  # keep curves.png's figure to read its axes
+    res = train(tiny_caption_config(epochs=2, explain_images=0), tmp_path, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert res.metric.name == "CIDEr-D" and res.value == rows[-1]["test_cider"] and "test_acc" not in rows[-1]
+    assert res.describe() == f"CIDEr-D {res.value:.3f} (best {max(r['test_cider'] for r in rows):.3f})"
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert [line.split("  ")[2] for line in lines] == [f"test CIDEr-D {r['test_cider']:.3f}" for r in rows]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["metric"] == "CIDEr-D" and summary["test_cider"] == summary["test"]["cider"] == res.value
+    (fig,) = figures
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "CIDEr-D", "test CIDEr-D"]
+
+
+def test_overwrite_removes_the_previous_runs_caption_pictures(toy, tmp_path):
+    train(tiny_caption_config(epochs=1), tmp_path, progress=False)
+    assert (tmp_path / "caption_attention.png").is_file() and (tmp_path / "captions.html").is_file()
+    (tmp_path / "notes.txt").write_text("the user's own")
+    train(tiny_caption_config(epochs=1), tmp_path, overwrite=True, progress=False, max_steps=1)  # no report yet
+    assert not (tmp_path / "caption_attention.png").exists() and not (tmp_path / "captions.html").exists()
+    assert (tmp_path / "notes.txt").read_text() == "the user's own"

@@ -352,6 +352,7 @@ def test_checkpoints_every_n_steps_or_minutes(tmp_path, monkeypatch):
     train(fault_config(), tmp_path / "a", progress=False)
     assert steps == [4, 8, 11, 12, 16, 20, 22]  # every 4 steps, and each epoch's end (11 steps an epoch)
     # minutes: on a clock where each step takes a minute, every step
+    import vitscope.training.classify as classify
     import vitscope.training.loop as loop
 
     clock = {"t": 0.0}
@@ -360,8 +361,8 @@ def test_checkpoints_every_n_steps_or_minutes(tmp_path, monkeypatch):
         clock["t"] += 60.0
         return real(*a, **k)
 
-    real = loop.soft_cross_entropy
-    monkeypatch.setattr(loop, "soft_cross_entropy", step_a_minute)
+    real = classify.soft_cross_entropy
+    monkeypatch.setattr(classify, "soft_cross_entropy", step_a_minute)
     monkeypatch.setattr(loop.time, "monotonic", lambda: clock["t"])
     steps.clear()
     train(fault_config(checkpoint_every_steps=0, checkpoint_every_minutes=1.0, epochs=1), tmp_path / "a",

@@ -11,16 +11,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import vitscope
 
 PACKAGE = Path(vitscope.__file__).resolve().parent
-
-# Circles inside training/ that the loop's restructuring removes (TrainResult out of the loop, the tasks owning
-# their loss and evaluation). Delete this set and `test_the_known_training_circles_are_gone` once it is merged:
-# that test then passes where it is expected to fail, and says so.
-KNOWN_TRAINING_CIRCLE = {"vitscope.training.loop", "vitscope.training.evaluation", "vitscope.training.tasks"}
 
 # DESIGN.md's layers, highest first: cli -> training -> tasks (caption) -> weights / models -> kernels, inspect
 # -> the model files -> attention, positional, data; `errors`, `fields` and `io` serve every layer. A package
@@ -138,14 +131,7 @@ def test_the_graph_sees_every_kind_of_import():
 
 
 def test_no_import_circle():
-    found = [c for c in circles(import_graph()) if not set(c) <= KNOWN_TRAINING_CIRCLE]
-    assert not found, "import circles: " + "; ".join(" -> ".join(c) for c in found)
-
-
-@pytest.mark.xfail(strict=True, reason="training/'s loop, evaluation and tasks import each other until the loop's "
-                                       "restructuring lands; then delete KNOWN_TRAINING_CIRCLE and this test")
-def test_the_known_training_circles_are_gone():
-    found = [c for c in circles(import_graph()) if set(c) <= KNOWN_TRAINING_CIRCLE]
+    found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" -> ".join(c) for c in found)
 
 

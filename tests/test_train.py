@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 pytest.importorskip("sklearn")
 
 from vitscope.data.transforms import TrainTransform  # noqa: E402
+from vitscope.errors import VitscopeError  # noqa: E402
 from vitscope.models import create_model  # noqa: E402
-from vitscope.training import loop as train_module  # noqa: E402
+from vitscope.training import classify  # noqa: E402
 from vitscope.training.checkpointing import CheckpointError  # noqa: E402
 from vitscope.training.loop import NonFiniteLoss, TrainConfig, train  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_tiny_model_overfits_a_tiny_batch():
 
 def test_training_learns_and_writes_the_run(tmp_path):
     res = train(tiny_config(epochs=8), tmp_path, progress=False)
-    assert res.test_acc > 0.6  # 10 classes: chance is 0.1
+    assert res.value > 0.6  # 10 classes: chance is 0.1
     for name in ("config.json", "metrics.jsonl", "best.safetensors", "last.safetensors", "checkpoint.json",
                  "step-00000176.safetensors", "step-00000176.state.pt", "curves.png", "confusion.png",
                  "summary.json"):
@@ -82,7 +83,7 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
     import vitscope.training.loop as vt
 
     clock = {"t": 0.0}
-    real_evaluate, real_loss = vt.evaluate, vt.soft_cross_entropy
+    real_evaluate, real_loss = classify.evaluate, classify.soft_cross_entropy
 
     def slow_evaluate(*a, **k):
         clock["t"] += 1000.0
@@ -102,8 +103,8 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
             self.mininterval = 0  # every update prints, so a pause starts at the last step
             bars.append(self)
 
-    monkeypatch.setattr(vt, "evaluate", slow_evaluate)
-    monkeypatch.setattr(vt, "soft_cross_entropy", one_second_step)
+    monkeypatch.setattr(classify, "evaluate", slow_evaluate)
+    monkeypatch.setattr(classify, "soft_cross_entropy", one_second_step)
     monkeypatch.setattr(vt, "tqdm", Bar)
     train(tiny_config(epochs=2), tmp_path, progress=True)
     (bar,) = bars
@@ -124,7 +125,7 @@ def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_pat
     train_set, data = load_dataset("digits", "train"), load_dataset("digits", "test")
     model = load_model(tmp_path / "last.safetensors")
     want = evaluate(model, data, train_set.mean, train_set.std, flip=True, shift=1)
-    assert summary["test_acc"] == res.test_acc == pytest.approx(want["acc"])
+    assert summary["test_acc"] == res.value == pytest.approx(want["acc"])
     two = evaluate(model, data, train_set.mean, train_set.std, flip=True)
     assert two["acc"] == pytest.approx(last_epoch["test_acc"])
     assert two["loss"] != pytest.approx(want["loss"], rel=1e-6)  # the shifted views did count
@@ -148,7 +149,7 @@ def test_a_given_mean_and_std_are_the_ones_used_and_saved(tmp_path):
 def test_same_config_and_seed_give_the_same_numbers(tmp_path):
     a = train(tiny_config(epochs=1), tmp_path / "a", progress=False)
     b = train(tiny_config(epochs=1), tmp_path / "b", progress=False)
-    assert a.test_acc == b.test_acc
+    assert a.value == b.value
     assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
 
 
@@ -179,7 +180,7 @@ def test_evaluations_inside_the_epoch_log_rows_and_change_nothing_else(tmp_path)
     assert_same_weights(weights(tmp_path / "plain"), weights(tmp_path / "often"))
     plain_rows = [json.loads(r) for r in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert [r["test_acc"] for r in plain_rows] == [rows[2]["test_acc"], rows[6]["test_acc"]]
-    assert often.test_acc == plain.test_acc
+    assert often.value == plain.value
 
 
 def test_init_weights_starts_from_another_runs_weights(tmp_path):
@@ -220,7 +221,7 @@ def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
     cfg = tiny_config(epochs=2)
     train(cfg, tmp_path / "full", progress=False)
 
-    real = train_module.soft_cross_entropy
+    real = classify.soft_cross_entropy
     calls = {"n": 0}
 
     def interrupt_at_step_9(logits, target):
@@ -229,17 +230,17 @@ def test_sigint_saves_and_resume_continues_exactly(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return real(logits, target)
 
-    monkeypatch.setattr(train_module, "soft_cross_entropy", interrupt_at_step_9)
+    monkeypatch.setattr(classify, "soft_cross_entropy", interrupt_at_step_9)
     res = train(cfg, tmp_path / "cut", progress=False)
     assert res.stopped == "signal"
     assert (tmp_path / "cut" / "last.safetensors").is_file()
-    monkeypatch.setattr(train_module, "soft_cross_entropy", real)
+    monkeypatch.setattr(classify, "soft_cross_entropy", real)
     train(cfg, tmp_path / "cut", resume=True, progress=False)
     assert_same_weights(weights(tmp_path / "full"), weights(tmp_path / "cut"))
 
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real = train_module.soft_cross_entropy
+    real = classify.soft_cross_entropy
     calls = {"n": 0}
 
     def nan_after_first_epoch(logits, target):
@@ -247,7 +248,7 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tm
         loss = real(logits, target)
         return loss * float("nan") if calls["n"] > 25 else loss
 
-    monkeypatch.setattr(train_module, "soft_cross_entropy", nan_after_first_epoch)
+    monkeypatch.setattr(classify, "soft_cross_entropy", nan_after_first_epoch)
     with pytest.raises(NonFiniteLoss, match=r"loss became nan at step 25 .*keeps its last good checkpoint, step 22 "
                                             r".*--resume would meet the same loss.*--lr LOWER --out NEW_DIR"):
         train(tiny_config(epochs=2), tmp_path, progress=False)
@@ -257,11 +258,12 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tm
 
 
 def test_nan_loss_before_any_checkpoint_says_nothing_was_kept(tmp_path, monkeypatch):
-    real = train_module.soft_cross_entropy
-    monkeypatch.setattr(train_module, "soft_cross_entropy", lambda lg, t: real(lg, t) * float("nan"))
+    real = classify.soft_cross_entropy
+    monkeypatch.setattr(classify, "soft_cross_entropy", lambda lg, t: real(lg, t) * float("nan"))
     with pytest.raises(NonFiniteLoss) as err:
         train(tiny_config(epochs=2), tmp_path / "run", progress=False)
     msg = str(err.value)
+    assert isinstance(err.value, VitscopeError)  # the CLI prints it as its one line
     assert "at step 0 (epoch 1) before the run's first checkpoint, so nothing was kept" in msg
     assert "last.safetensors" not in msg and f"--out {tmp_path / 'run'} --overwrite" in msg
     assert not list((tmp_path / "run").glob("*.safetensors"))
@@ -299,7 +301,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert len(summary) == 1  # only rank 0 writes
     import json
 
-    assert abs(json.loads(summary[0])["test_acc"] - one.test_acc) < 0.01
+    assert abs(json.loads(summary[0])["test_acc"] - one.value) < 0.01
 
 
 def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():

@@ -9,7 +9,7 @@
     decoding.py          greedy and batched beam search through one step interface
     metrics.py           BLEU-1..4 and CIDEr-D as the COCO evaluation computes them; grounding
     evaluate.py          decode a split and score it
-    task.py              what the training loop and the CLI call: data by name, model by config, vocabulary I/O
+    task.py              data by name, captioners by config, the vocabulary with the checkpoint
     plots.py             one panel per generated word with where it looked (imports matplotlib)
 """
 
@@ -20,12 +20,12 @@ from vitscope.caption.metrics import attention_grounding, cider_d, corpus_bleu, 
 from vitscope.caption.readers import load_coco, load_flickr8k, load_karpathy
 from vitscope.caption.scenes import Scene, ScenesConfig, exact_match, item_accuracy, load_scenes, parse_caption
 from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
-from vitscope.caption.task import CaptionTask, CaptionTaskConfig, load_caption_dataset
+from vitscope.caption.task import CaptionTaskConfig, load_caption_dataset
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
 from vitscope.caption.vocab import BOS, EOS, PAD, UNK, Vocabulary, tokenize
 
 __all__ = [
-    "BOS", "EOS", "PAD", "UNK", "CaptionDataset", "CaptionEvaluation", "CaptionTask", "CaptionTaskConfig", "Decoded",
+    "BOS", "EOS", "PAD", "UNK", "CaptionDataset", "CaptionEvaluation", "CaptionTaskConfig", "Decoded",
     "EncoderSpec", "Scene", "ScenesConfig", "ShowAttendTell", "ShowAttendTellConfig", "TransformerCaptioner",
     "TransformerCaptionerConfig", "Vocabulary", "attention_grounding", "beam_search", "cider_d", "corpus_bleu",
     "decode", "evaluate_captions", "exact_match", "greedy", "item_accuracy", "load_caption_dataset", "load_coco",

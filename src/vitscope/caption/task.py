@@ -1,15 +1,11 @@
-"""Captioning as a task for vitscope's one training loop: what the loop, `vitscope eval` and
-`vitscope caption` need, with no loop of its own.
+"""Captioning's pieces for vitscope's one training loop (training/caption.py), `vitscope eval` and
+`vitscope caption`: data by name, captioners by config, the vocabulary with the checkpoint.
 
     data  = load_caption_dataset("fmnist_scenes", "train")          # a CaptionDataset, uint8 images
     vocab = data.build_vocab(min_count=1)                          # training split only
-    task  = CaptionTask(CaptionTaskConfig(kind="transformer"), vocab)
-    model = task.build_model(image_size=56, in_chans=1)
-    index, tokens = task.pairs(data)                               # one row per reference caption
-    for rows in batches:                                           # the loop's own sampler
-        images, batch_tokens = task.batch(data, index, tokens, rows)
-        loss = task.losses(model, normalize(images, ...), batch_tokens)["loss"]
-    metrics = task.evaluate(model, test, mean=data.mean, std=data.std, beam=3).metrics
+    model = build_captioner(CaptionTaskConfig(kind="transformer"), len(vocab), img_size=56, in_chans=1)
+    index, tokens = data.pairs(vocab, max_len=32)                  # one row per reference caption
+    loss = model.losses(normalize(images, mean, std), trim_padding(tokens[rows]))["loss"]
 
 The vocabulary travels with the checkpoint as a string in the safetensors metadata
 (`vocab_metadata` / `vocab_from_metadata`) or a JSON file beside the weights; `check_vocab`
@@ -22,16 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.evaluate import CaptionEvaluation, evaluate_captions
 from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
 from vitscope.caption.vocab import PAD, Vocabulary
 from vitscope.errors import ConfigError, InputError
-from vitscope.io import atomic_write_text
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
 VOCAB_KEY = "vitscope.caption.vocab"  # the safetensors metadata key
@@ -153,10 +146,6 @@ def vocab_from_metadata(metadata: dict[str, str] | None) -> Vocabulary:
     return Vocabulary.from_json(metadata[VOCAB_KEY])
 
 
-def save_vocab(vocab: Vocabulary, path: str | Path) -> Path:
-    return atomic_write_text(path, vocab.to_json())  # a crash never leaves half a vocabulary
-
-
 def load_vocab(path: str | Path) -> Vocabulary:
     return Vocabulary.from_json(Path(path).read_text(encoding="utf-8"))
 
@@ -172,43 +161,8 @@ def check_vocab(model: Captioner, vocab: Vocabulary) -> None:
                          "use the vocabulary saved with this run's checkpoint")
 
 
-# -- the task ------------------------------------------------------------------------------------------
+# -- batches -------------------------------------------------------------------------------------------
 def trim_padding(tokens: Tensor) -> Tensor:
     """Drop the columns that are <pad> in every row: a batch is as long as its longest caption."""
     real = (tokens != PAD).any(0).nonzero()
     return tokens[:, : int(real.max()) + 1] if real.numel() else tokens[:, :2]
-
-
-class CaptionTask:
-    """What the training loop calls for captioning; it owns no loop, optimizer or checkpoint."""
-
-    def __init__(self, config: CaptionTaskConfig, vocab: Vocabulary):
-        self.config, self.vocab = config, vocab
-
-    def build_model(self, **encoder_overrides) -> Captioner:
-        return build_captioner(self.config, len(self.vocab), **encoder_overrides)
-
-    def pairs(self, data: CaptionDataset) -> tuple[Tensor, Tensor]:
-        """(image_index (P,), tokens (P, T)): every reference caption once, cut to max_len."""
-        return data.pairs(self.vocab, max_len=self.config.max_len)
-
-    @staticmethod
-    def batch(data: CaptionDataset, index: Tensor, tokens: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """uint8 images (b, C, H, W) and their captions (b, T) for pair rows `rows` (b,)."""
-        return data.images[index[rows]], trim_padding(tokens[rows])
-
-    @staticmethod
-    def losses(model: nn.Module, images: Tensor, tokens: Tensor) -> dict[str, Tensor]:
-        """{'loss', 'xent', ('attention_reg')}: images already normalised and on the model's device."""
-        return model.losses(images, tokens.to(images.device))
-
-    def evaluate(self, model: Captioner, data: CaptionDataset, *, mean, std, beam: int = 1,
-                 batch_size: int = 64, **decoding) -> CaptionEvaluation:
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                return evaluate_captions(model, data, self.vocab, mean=mean, std=std, beam=beam,
-                                         batch_size=batch_size, **decoding)
-        finally:
-            model.train(was_training)

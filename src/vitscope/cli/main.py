@@ -51,7 +51,6 @@ def _plain_warnings(prog: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from vitscope.kernels import allocator
-    from vitscope.training.loop import NonFiniteLoss  # a RuntimeError of its own: the loss went NaN or infinite
 
     parser = build_parser()
     try:
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     # What the user gave (VitscopeError), the system's answer on the user's paths (OSError) and running out of
     # memory at the user's sizes are one line; anything else is a bug in vitscope and keeps its traceback.
-    except (VitscopeError, NonFiniteLoss, OSError, MemoryError) as e:
+    except (VitscopeError, OSError, MemoryError) as e:
         if args.debug:
             raise
         if isinstance(e, OSError) and e.errno is not None:  # the system's, not one of vitscope's messages

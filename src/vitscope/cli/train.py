@@ -150,12 +150,7 @@ def run_train(args) -> int:
     if result.stopped == "signal":
         print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
         return 130
-    if cfg.task == "caption" and not cfg.dataset.startswith("fmnist_scenes"):
-        shown = f"CIDEr-D {result.test_acc:.4f} (best {result.best_acc:.4f})"
-    else:
-        metric = "accuracy" if cfg.task == "classify" else "item accuracy"
-        shown = f"{metric} {100 * result.test_acc:.2f}%  (best {100 * result.best_acc:.2f}%)"
-    print(f"{cfg.eval_split} {shown}, training {result.train_time_s / 60:.1f} min, "
+    print(f"{cfg.eval_split} {result.describe()}, training {result.train_time_s / 60:.1f} min, "
           f"{result.images_per_s:.0f} images/s")
     files = ("curves.png, confusion.png, explorer.html, summary.json" if cfg.task == "classify" else
              "curves.png, caption_attention.png, captions.html, summary.json; vitscope eval / caption RUN")

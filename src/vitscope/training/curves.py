@@ -11,24 +11,29 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from vitscope.training.task import Metric  # noqa: E402
+
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_curves(metrics: list[dict], out: Path, title: str = "") -> Path:
-    """Loss and accuracy against epoch, and test accuracy against training wall time."""
-    rows = [m for m in metrics if "test_acc" in m]
+def plot_curves(metrics: list[dict], out: Path, metric: Metric, title: str = "") -> Path:
+    """Loss and the task's metric against epoch (with the training side's where the loop measures it), and
+    the metric against training wall time."""
+    rows = [m for m in metrics if metric.key in m]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     ep = [m["epoch"] for m in rows]
+    test = [metric.scale(m[metric.key]) for m in rows]
     axes[0].plot(ep, [m["train_loss"] for m in rows], "o-", label="train")
     axes[0].plot(ep, [m["test_loss"] for m in rows], "o-", label="test")
     axes[0].set(xlabel="epoch", ylabel="loss", title="loss")
-    axes[1].plot(ep, [100 * m["train_acc"] for m in rows], "o-", label="train")
-    axes[1].plot(ep, [100 * m["test_acc"] for m in rows], "o-", label="test")
-    axes[1].set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
-    axes[2].plot([m["train_time_s"] / 60 for m in rows], [100 * m["test_acc"] for m in rows], "o-")
-    axes[2].set(xlabel="training wall time (min)", ylabel="test accuracy (%)", title="accuracy vs time")
+    if metric.train_key:
+        axes[1].plot(ep, [metric.scale(m[metric.train_key]) for m in rows], "o-", label="train")
+    axes[1].plot(ep, test, "o-", label="test")
+    axes[1].set(xlabel="epoch", ylabel=metric.axis(), title=metric.name)
+    axes[2].plot([m["train_time_s"] / 60 for m in rows], test, "o-")
+    axes[2].set(xlabel="training wall time (min)", ylabel=f"test {metric.axis()}", title=f"{metric.name} vs time")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend()

@@ -1,0 +1,134 @@
+"""Classification: a ViT classifier on an image dataset, with the training augmentation, mixing and label
+smoothing; its loss is the cross-entropy against the (smoothed, mixed) soft targets, its metric accuracy.
+
+What vitscope has always trained: its numbers are the loop's, bit for bit. Under DDP every rank's rows weigh
+the same, so N processes match one process exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitscope.training.config import TrainConfig
+from vitscope.training.evaluation import evaluate
+from vitscope.training.task import (
+    Evaluation,
+    Metric,
+    StepStats,
+    TrainResult,
+    check_batch,
+    run_facts,
+    start_weights,
+    write_summary,
+)
+
+ACCURACY = Metric("accuracy", "test_acc", train_key="train_acc")
+
+
+def soft_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+
+
+@dataclass
+class ClassifyTask:
+    cfg: TrainConfig
+    train_set: object  # ImageDataset
+    eval_set: object
+    transform: object  # TrainTransform
+    model: nn.Module
+    kind = "classify"
+    metric = ACCURACY
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, *, resume: bool) -> ClassifyTask:
+        from vitscope.data import load_dataset
+        from vitscope.models import create_model
+        from vitscope.weights import pretrained
+
+        train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
+        eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
+        c, h, w = train_set.images.shape[1:]
+        transform = cfg.augment.for_dataset(train_set)
+        if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
+            transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
+        check_batch(cfg, len(train_set), "images")
+        torch.manual_seed(cfg.seed)
+        model = create_model(cfg.model, pretrained=start_weights(cfg, resume),
+                             **{"num_classes": len(train_set.classes), "in_chans": c,
+                                "img_size": (h, w) if h != w else h, **cfg.model_args})
+        return cls(cfg, train_set, eval_set, transform, model)
+
+    @property
+    def label(self) -> str:
+        return self.cfg.model
+
+    @property
+    def train_module(self) -> nn.Module:
+        return self.model
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train_set)
+
+    @property
+    def final_differs(self) -> bool:
+        """The final evaluation averages shifted views too (--final-eval-shift)."""
+        return bool(self.cfg.final_eval_shift)
+
+    def batch(self, idx: Tensor, gen: torch.Generator) -> tuple:
+        x = self.transform(self.train_set.images[idx], gen)  # (B, C, H, W) float, whole global batch
+        y = self.train_set.labels[idx]
+        x, target = self.transform.mix(x, y, len(self.train_set.classes), gen, smoothing=self.cfg.label_smoothing)
+        return x, y, target
+
+    def loss(self, net, batch, rows, device, bf16):
+        x, y, target = (t[rows].to(device) for t in batch)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = net(x)
+        loss = soft_cross_entropy(logits, target)
+        correct = int((logits.detach().argmax(1) == y).sum())
+        return loss, StepStats(loss.item() * len(y), correct, len(y), len(y))
+
+    def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
+        shift = self.cfg.final_eval_shift if final else 0
+        ev = evaluate(model, self.eval_set, self.transform.mean, self.transform.std,
+                      batch_size=self.cfg.eval_batch_size, bf16=bf16, device=device, info=info,
+                      flip=self.cfg.eval_flip, shift=shift)
+        return Evaluation(ev["loss"], ev["acc"], detail=ev)
+
+    def metadata(self) -> dict[str, str]:
+        return {"classes": json.dumps(self.train_set.classes), "mean": json.dumps(list(self.transform.mean)),
+                "std": json.dumps(list(self.transform.std)), "dataset": self.cfg.dataset}
+
+    def report(self, run_dir: Path, model: nn.Module, result: TrainResult, final: Evaluation) -> None:
+        """curves.png, confusion.png, summary.json and explorer.html."""
+        from vitscope.training.curves import plot_confusion, plot_curves, read_metrics
+
+        cfg, classes = self.cfg, self.eval_set.classes
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        plot_curves(rows, run_dir / "curves.png", self.metric, title=f"{cfg.model} on {cfg.dataset}")
+        conf = final.detail["confusion"]
+        plot_confusion(conf, classes, run_dir / "confusion.png",
+                       title=f"{cfg.model}: test accuracy {100 * final.value:.2f}%")
+        write_summary(run_dir, {
+            "model": cfg.model, "dataset": cfg.dataset, "test_acc": result.value, "best_test_acc": result.best,
+            "per_class_acc": {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(classes)},
+            "test_views": final.detail["views"],
+            "last_epoch_test_acc": next((r["test_acc"] for r in reversed(rows) if "test_acc" in r), None),
+            **run_facts(cfg, model, result),
+        })
+        if cfg.explain_images:
+            try:
+                from vitscope.inspect.explorer import write_explorer
+            except ImportError:
+                return
+            n = min(cfg.explain_images, len(self.eval_set))
+            write_explorer(model.eval(), self.eval_set.images[:n], run_dir / "explorer.html",
+                           labels=self.eval_set.labels[:n].tolist(), class_names=classes,
+                           mean=self.transform.mean, std=self.transform.std)
