@@ -77,6 +77,7 @@ class DecoderBlock(nn.Module):
         context_mask: Tensor | None = None,
         caches: tuple[KVCache, KVCache] | None = None,
         return_weights: bool = False,
+        self_weights: bool = True,
         groups: int = 1,
     ):
         """x (B·G, T, dim), context (B, M, Dc) -> (B·G, T, dim), with G = `groups` rows of x per
@@ -86,18 +87,20 @@ class DecoderBlock(nn.Module):
         broadcastable to (B·G, H, T, past + T) and (B, H, G·T, M). With `caches`, x holds only the
         new tokens and the context may be None once the cross cache is filled. With
         `return_weights` also returns the self- and cross-attention weights, (B·G, H, T, past + T)
-        and (B·G, H, T, M).
+        and (B·G, H, T, M); `self_weights=False` leaves the first out (None), so that attention
+        need not be materialised.
         """
         self_cache, cross_cache = caches if caches is not None else (None, None)
-        h = self.self_attn(self.norm1(x), mask=mask, causal=True, cache=self_cache,
-                           return_weights=return_weights)
-        h, self_w = h if return_weights else (h, None)
+        bg, t, d = x.shape
+        # One new token sees every cached one: the causal mask would be all True.
+        h = self.self_attn(self.norm1(x), mask=mask, causal=t > 1, cache=self_cache,
+                           return_weights=return_weights and self_weights)
+        h, self_w = h if return_weights and self_weights else (h, None)
         x = x + h
-        t = x.shape[1]
-        queries = rearrange(self.norm2(x), "(b g) t d -> b (g t) d", g=groups)  # one row per image
+        queries = self.norm2(x).reshape(bg // groups, groups * t, d)  # (B, G·T, dim): an image's rows together
         h = self.cross_attn(queries, context, mask=context_mask, cache=cross_cache, return_weights=return_weights)
         h, cross_w = h if return_weights else (h, None)
-        x = x + rearrange(h, "b (g t) d -> (b g) t d", g=groups)
+        x = x + h.reshape(bg, t, d)
         if return_weights:
             cross_w = rearrange(cross_w, "b h (g t) m -> (b g) h t m", g=groups, t=t)
         x = x + self.mlp(self.norm3(x))
@@ -186,7 +189,7 @@ class TransformerDecoder(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, context, mask=mask, context_mask=context_mask,
                       caches=caches[i] if caches is not None else None, return_weights=return_weights,
-                      groups=tokens.shape[0] // rows)
+                      self_weights=False, groups=tokens.shape[0] // rows)
             if return_weights:
                 x, _, w = x
                 cross.append(w)  # (B, H, T, M)
