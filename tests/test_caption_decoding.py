@@ -279,19 +279,29 @@ def test_beam_search_equals_the_plain_standard_search_on_random_tables(seed, len
             assert torch.all(out.beam_attention[i, j, steps:] == 0)
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_beam_search_on_captioners_equals_the_plain_search_on_teacher_forced_prefixes(kind):
+def test_beam_search_on_captioners_equals_the_plain_search_on_teacher_forced_prefixes(kind, padded):
     """The captioners' beams share one memory row per image (and the transformer its cross-attention
-    keys/values); the plain search reruns each prefix alone, its own image row each."""
+    keys/values, the LSTM its keys and mask); the plain search reruns each prefix alone, its own image row
+    each."""
     model, x = tiny(kind), images(3)
+    padding = None
+    if padded:  # image tokens left out per image, as a dataset of differently sized images gives
+        padding = torch.zeros(3, 5, dtype=torch.bool)
+        padding[0, 3:] = True
+        padding[2, 1] = True
     k, lp = 3, 0.7
-    out = beam_search(model, x, beam=k, length_penalty=lp)
-    plain = beam_search(model, x, beam=k, length_penalty=lp, use_cache=False)
+    memory = model.encode(x).detach()
+    out = beam_search(model, memory=memory, memory_padding=padding, beam=k, length_penalty=lp)
+    plain = beam_search(model, memory=memory, memory_padding=padding, beam=k, length_penalty=lp, use_cache=False)
     assert torch.equal(out.beam_tokens, plain.beam_tokens)
     for i in range(3):
-        def next_log_probs(tokens, img=x[i:i + 1]):
+        pad = None if padding is None else padding[i:i + 1]
+
+        def next_log_probs(tokens, mem=memory[i:i + 1], pad=pad):
             with torch.no_grad():
-                out = model(img, torch.tensor([tokens + [PAD]]))
+                out = model.teacher_forced(mem, torch.tensor([tokens + [PAD]]), memory_padding=pad)
                 logits = (out[0] if kind == "lstm" else out)[0, -1].float()
             return F.log_softmax(logits, -1).tolist()
         want = plain_beam_search(next_log_probs, k, MAX_LEN, lp)
