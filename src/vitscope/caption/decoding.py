@@ -5,16 +5,17 @@ A captioner decodes as a `StepModel`:
     memory = model.encode(images)                        (B, N, De)
     state  = model.start(memory, padding, use_cache=..., beams=K)  K rows per image, <bos> fed
     logits, attention, state = model.step(state)         (R, V), (R, *A): scores for the next token
-    state  = model.reorder(state, rows)                  keep rows (R',): beams reselected
+    state  = model.reorder(state, rows)                  rows (R,), each within its image: beams reselected
     state  = model.extend(state, tokens)                 append the chosen token (R,) to each row
 
 The transformer's attention per step is its cross-attention (L, H, N); the LSTM's its alignment (N).
 
 Scores are sums of log-probabilities (log_softmax in float32), never raw logits. <pad> and <bos> are
-never generated. After <eos> a hypothesis only emits <pad> at no cost, so it keeps its score and
-length. The length penalty ranks by log_prob / length ** length_penalty, with length the real
-tokens after <bos> (the words and the <eos>, if any; never pads); 0 ranks by the summed
-log-probability. A hypothesis that never emits <eos> ends at `max_len` tokens (<bos> included).
+never generated. In greedy decoding a caption that has ended only emits <pad> at no cost, so it keeps
+its score and length; beam search moves it to its image's pool (below). The length penalty ranks by
+log_prob / length ** length_penalty, with length the real tokens after <bos> (the words and the <eos>,
+if any; never pads); 0 ranks by the summed log-probability. A hypothesis that never emits <eos> ends
+at `max_len` tokens (<bos> included).
 
 Beam search is the standard one (fairseq's search, transformers' BeamSearchScorer), for all images at
 once: B images x K beams are B·K rows of one batch. Each step takes each image's 2K best continuations
