@@ -1,41 +1,63 @@
-"""Caption decoding speed: the KV cache against re-running the prefix, and batched beam search
-against a Python loop over images. Prints markdown tables with the machine beside them.
+"""Caption decoding speed: vitscope against transformers' `generate`, and the KV cache against re-running
+the prefix. Prints markdown tables with the machine beside them.
 
-    .venv/bin/python benchmarks/bench_caption.py                 # scenes-sized transformer captioner
-    .venv/bin/python benchmarks/bench_caption.py --lengths 20 32 --batch 32 --beam 5 --repeats 5
+    .venv/bin/python benchmarks/bench_caption.py                        # vitscope vs transformers (default)
+    .venv/bin/python benchmarks/bench_caption.py --rounds 3 --repeats 3 --threads 1
+    .venv/bin/python benchmarks/bench_caption.py --cache                # KV cache vs none, batch vs loop
     .venv/bin/python benchmarks/bench_caption.py --curves RUN_DIR... --png benchmarks/caption_curves.png
+
+Against transformers: `caption_quick`'s captioner (encoder width, depth, heads and MLP ratio, 56 x 56
+scenes, 196 image tokens, decoder width 128, 2 blocks, 4 heads, MLP ratio 2, 40 positions, the scenes'
+vocabulary) and transformers' `VisionEncoderDecoderModel` of the same shape: a `ViTModel` encoder and a
+GPT-2 decoder with cross-attention (pre-norm like vitscope's), random weights. transformers' ViT has no
+conv stem, so both encoders project 4 x 4 patches (vitscope's preset with `stem=[]`); the parameter counts
+are printed and must agree within 5%. Both generate exactly N tokens from the images (the encoder
+included): vitscope's <eos> logit is pushed to -1e9 and transformers is given no <eos>, so nothing ends
+early. Greedy and beam 5, N = 20 and 32, float32 and bfloat16 autocast where the CPU runs bfloat16
+natively, and a teacher-forced training step (AdamW) on N-token captions. Each implementation runs in its
+own process, the processes take turns for --rounds rounds (the order rotating), and each figure is the
+median of every timed run; vitscope runs with its kernels applied and without. Rates are printed from
+the process's CPU time (one torch thread by default, so other jobs on a shared machine's cores do not
+count) and from wall time.
+
+`--cache` times the cache against re-running the prefix on one captioner (same captions required) and
+one batched beam search against a Python loop over the images.
 
 `--curves` instead reads finished caption runs (`vitscope train --task caption`) and draws their test
 metric (item accuracy on Fashion-MNIST scenes) against training wall time, all runs in one PNG, with a
 table of each run's epochs.
-
-The captioner has random weights with <eos> made impossible, so every caption runs to its full
-length (what the comparison needs: the cache's gain grows with length). Each row also checks that
-both ways give identical captions. Times are medians over --repeats runs after one warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vitscope.caption.decoding import beam_search, decode  # noqa: E402
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig  # noqa: E402
-from vitscope.caption.vocab import EOS  # noqa: E402
+from vitscope.caption.vocab import BOS, EOS, PAD  # noqa: E402
+
+IMPLS = ("vitscope", "vitscope-plain", "hf-sdpa", "hf-eager")
+IMPL_NAMES = {"vitscope": "vitscope, kernels applied", "vitscope-plain": "vitscope, plain PyTorch",
+              "hf-sdpa": "transformers, sdpa attention", "hf-eager": "transformers, eager attention"}
 
 
-def _header() -> str:
+def _header(extra: dict | None = None) -> str:
     try:
         from _machine import machine_header
 
-        return machine_header()
+        return machine_header(extra)
     except Exception:  # the shared helper is optional here: fall back to the essentials
         import platform
 
@@ -61,6 +83,201 @@ def build(max_len: int, vocab: int, dim: int, depth: int) -> TransformerCaptione
     with torch.no_grad():
         model.decoder.head.bias[EOS] = -1e9  # captions run to max_len
     return model
+
+
+# -- vitscope against transformers' generate -----------------------------------------------------------
+def quick_shape(small: bool = False) -> dict:
+    """caption_quick's captioner, its encoder's conv stem replaced by a 4 x 4 patch projection (transformers'
+    ViT has none): the fields both implementations are built from. `small` shrinks it for a smoke test."""
+    import numpy as np
+
+    from vitscope.caption.scenes import ITEM, Scene, ScenesConfig, scene_captions
+    from vitscope.caption.vocab import Vocabulary
+    from vitscope.models import get_config
+    from vitscope.training.recipes import caption_quick
+
+    recipe = caption_quick()
+    img = ScenesConfig().cells * ITEM
+    enc = get_config(recipe.model, img_size=img, stem=[], patch_size=4)
+    # The scenes' vocabulary: every class, count and cell appears in a few hundred random scenes' captions.
+    rng = np.random.default_rng(0)
+    scenes = [Scene(2, tuple((c, int(rng.integers(10))) for c in sorted(rng.choice(4, n, replace=False))))
+              for n in (1, 2, 3, 4) for _ in range(100)]
+    vocab = Vocabulary.build([c for sc in scenes for c in scene_captions(sc, rng)])
+    d = recipe.decoder_args
+    shape = dict(preset=recipe.model, img=img, patch=4, in_chans=enc.in_chans, enc_dim=enc.embed_dim,
+                 enc_depth=enc.depth, enc_heads=enc.num_heads, enc_mlp=enc.mlp_ratio, dim=d["dim"], depth=d["depth"],
+                 heads=d["num_heads"], mlp=d["mlp_ratio"], max_len=recipe.max_len, vocab=len(vocab),
+                 memory_pos=d.get("memory_pos", False))
+    if small:
+        shape.update(img=16, enc_dim=32, enc_heads=2, dim=32, heads=2)
+    return shape
+
+
+def build_impl(impl: str, shape: dict):
+    """The captioner of `impl`, float32, random weights, with <eos> unable to end a caption."""
+    torch.manual_seed(0)
+    if impl.startswith("vitscope"):
+        from vitscope import kernels
+
+        enc = EncoderSpec(shape["preset"], dict(img_size=shape["img"], stem=[], patch_size=shape["patch"],
+                                               embed_dim=shape["enc_dim"], depth=shape["enc_depth"],
+                                               num_heads=shape["enc_heads"], mlp_ratio=shape["enc_mlp"]))
+        model = TransformerCaptioner(TransformerCaptionerConfig(
+            vocab_size=shape["vocab"], encoder=enc, dim=shape["dim"], depth=shape["depth"], num_heads=shape["heads"],
+            mlp_ratio=shape["mlp"], max_len=shape["max_len"], drop=0.0, memory_pos=shape["memory_pos"]))
+        with torch.no_grad():
+            model.decoder.head.bias[EOS] = -1e9  # every caption runs to its full length
+        return kernels.apply(model) if impl == "vitscope" else model
+    from transformers import GPT2Config, VisionEncoderDecoderConfig, VisionEncoderDecoderModel, ViTConfig
+
+    attn = impl.removeprefix("hf-")
+    enc = ViTConfig(hidden_size=shape["enc_dim"], num_hidden_layers=shape["enc_depth"],
+                    num_attention_heads=shape["enc_heads"], intermediate_size=int(shape["enc_dim"] * shape["enc_mlp"]),
+                    image_size=shape["img"], patch_size=shape["patch"], num_channels=shape["in_chans"],
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    dec = GPT2Config(vocab_size=shape["vocab"], n_positions=shape["max_len"], n_embd=shape["dim"],
+                     n_layer=shape["depth"], n_head=shape["heads"], n_inner=int(shape["dim"] * shape["mlp"]),
+                     add_cross_attention=True, is_decoder=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     activation_function="gelu", bos_token_id=BOS, eos_token_id=None, pad_token_id=PAD)
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+    config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = BOS, PAD, None
+    model = VisionEncoderDecoderModel(config=config)
+    model.set_attn_implementation(attn)
+    if model.decoder.config._attn_implementation != attn:
+        raise RuntimeError(f"transformers chose attention {model.decoder.config._attn_implementation!r}")
+    return model
+
+
+def _generate(impl: str, model, images: Tensor, n: int, beam: int) -> Tensor:
+    """(B, n + 1) tokens, <bos> first."""
+    if impl.startswith("vitscope"):
+        return decode(model, images, beam=beam, max_len=n + 1).tokens
+    return model.generate(pixel_values=images, max_new_tokens=n, num_beams=beam, do_sample=False, eos_token_id=None,
+                          pad_token_id=PAD, decoder_start_token_id=BOS, use_cache=True)
+
+
+def _train_step(impl: str, model, opt, images: Tensor, tokens: Tensor, bf16: bool) -> None:
+    import torch.nn.functional as F
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        if impl.startswith("vitscope"):
+            loss = model.loss(images, tokens)
+        else:
+            logits = model(pixel_values=images, decoder_input_ids=tokens[:, :-1]).logits
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def run_impl(spec: dict) -> dict:
+    """One implementation's cases in this process: {case name: [seconds per timed run]}."""
+    torch.set_num_threads(spec["threads"])
+    shape, impl = spec["shape"], spec["impl"]
+    model = build_impl(impl, shape)
+    g = torch.Generator().manual_seed(1)
+    images = torch.randn(spec["batch"], shape["in_chans"], shape["img"], shape["img"], generator=g)
+    times: dict[str, list[float]] = {}  # process CPU seconds: other jobs on shared cores do not count
+    walls: dict[str, list[float]] = {}
+    for case in spec["cases"]:
+        mode, n, dtype = case["mode"], case["n"], case["dtype"]
+        bf16 = dtype == "bfloat16"
+        if mode == "train":
+            model.train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            tokens = torch.randint(4, shape["vocab"], (spec["batch"], n + 1), generator=g)
+            tokens[:, 0] = BOS
+
+            def run(opt=opt, tokens=tokens, bf16=bf16):
+                _train_step(impl, model, opt, images, tokens, bf16)
+        else:
+            model.eval()
+            beam = 1 if mode == "greedy" else int(mode.removeprefix("beam "))
+
+            def run(n=n, beam=beam, bf16=bf16):
+                with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    out = _generate(impl, model, images, n, beam)
+                if out.shape != (spec["batch"], n + 1):
+                    raise RuntimeError(f"{impl} generated {tuple(out.shape)}, not {(spec['batch'], n + 1)}")
+        run()  # warm-up
+        spent, wall = [], []
+        for _ in range(spec["repeats"]):
+            t, w = time.process_time(), time.perf_counter()
+            run()
+            spent.append(time.process_time() - t)
+            wall.append(time.perf_counter() - w)
+        times[case_name(case)] = spent
+        walls[case_name(case)] = wall
+    return {"impl": impl, "params": sum(p.numel() for p in model.parameters()), "times": times, "wall": walls}
+
+
+def case_name(case: dict) -> str:
+    what = "training step" if case["mode"] == "train" else case["mode"]
+    return f"{what}, N = {case['n']}, {case['dtype']}"
+
+
+def spawn(spec: dict) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{spec['impl']} worker failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def compare(args) -> None:
+    from vitscope.kernels import bf16 as bf16_support
+
+    shape = quick_shape(small=args.small)
+    dtypes = ["float32"] + (["bfloat16"] if bf16_support.native_matmul() else [])
+    cases = [dict(mode=mode, n=n, dtype=dt) for dt in dtypes for n in args.lengths
+             for mode in ("greedy", f"beam {args.beam}")]
+    cases += [dict(mode="train", n=args.lengths[-1], dtype=dt) for dt in dtypes]
+    import transformers
+
+    print(_header(dict(transformers=transformers.__version__, torch_threads=args.threads)))
+    print(f"\ncaption_quick's shape: encoder width {shape['enc_dim']}, {shape['enc_depth']} blocks, "
+          f"{shape['enc_heads']} heads, {shape['img']} x {shape['img']} images in {shape['patch']} x {shape['patch']} "
+          f"patches; decoder width {shape['dim']}, {shape['depth']} blocks, {shape['heads']} heads, MLP ratio "
+          f"{shape['mlp']}, vocabulary {shape['vocab']}; batch {args.batch}; {args.rounds} rounds x {args.repeats} "
+          f"timed runs per figure\n")
+    results: dict[str, dict] = {}
+    for r in range(args.rounds):
+        order = IMPLS[r % len(IMPLS):] + IMPLS[:r % len(IMPLS)]
+        for impl in order:
+            spec = dict(impl=impl, shape=shape, cases=cases, batch=args.batch, repeats=args.repeats,
+                        threads=args.threads)
+            out = spawn(spec)
+            kept = results.setdefault(impl, {"params": out["params"], "times": {}, "wall": {}})
+            for key in ("times", "wall"):
+                for name, t in out[key].items():
+                    kept[key].setdefault(name, []).extend(t)
+        loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"round {r + 1}/{args.rounds} done, load average {loads}", flush=True)
+
+    params = {impl: results[impl]["params"] for impl in IMPLS}
+    print("\n| implementation | parameters |\n|---|---:|")
+    for impl in IMPLS:
+        print(f"| {IMPL_NAMES[impl]} | {params[impl]:,} |")
+    gap = abs(params["vitscope"] - params["hf-sdpa"]) / params["hf-sdpa"]
+    print(f"\nparameter counts differ by {100 * gap:.1f}%" + ("" if gap <= 0.05 else " (more than 5%: not comparable)"))
+
+    for key, what in (("times", "process CPU time"), ("wall", "wall time")):
+        print(f"\nImages/s from the median {what} per batch; the ratios against the faster transformers variant:\n")
+        print("| case | vitscope, kernels | vitscope, plain | transformers sdpa | transformers eager "
+              "| kernels vs transformers | plain vs transformers |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for case in cases:
+            name = case_name(case)
+            v, p, s, e = (args.batch / statistics.median(results[impl][key][name]) for impl in IMPLS)
+            best = max(s, e)
+            print(f"| {name} | {v:,.1f} | {p:,.1f} | {s:,.1f} | {e:,.1f} | {v / best:.2f}x | {p / best:.2f}x |")
+
+
+def worker(spec: dict) -> None:
+    print("RESULT " + json.dumps(run_impl(spec)), flush=True)
 
 
 def curves(run_dirs: list[Path], png: Path | None) -> None:
@@ -110,20 +327,30 @@ def main(argv=None) -> None:
     ap.add_argument("--curves", type=Path, nargs="+", metavar="RUN_DIR",
                     help="instead of timing decoding: plot these caption runs' test metric against training time")
     ap.add_argument("--png", type=Path, help="with --curves: the figure's path")
+    ap.add_argument("--cache", action="store_true",
+                    help="instead of transformers: time the KV cache against re-running the prefix")
+    ap.add_argument("--rounds", type=int, default=2, help="turns each implementation's process takes")
+    ap.add_argument("--small", action="store_true", help="a tiny captioner (a smoke test of the script)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--lengths", type=int, nargs="+", default=[20, 32])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=40)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--depth", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
     if args.curves:
         curves(args.curves, args.png)
         return
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    if not args.cache:
+        compare(args)
+        return
     print(_header())
     print(f"\ndecoder dim {args.dim}, depth {args.depth}, vocabulary {args.vocab}; 56x56 images, 64 image tokens "
           f"+ CLS; batch {args.batch}; median of {args.repeats}\n")

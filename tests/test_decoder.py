@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitscope.decoder import DecoderBlock, TransformerDecoder, greedy_decode
+from vitscope.decoder import DecoderBlock, TransformerDecoder
 
 VOCAB, DIM, DEPTH, HEADS, MAX_LEN, CTX_DIM, M = 11, 16, 2, 4, 12, 12, 5
 F32 = dict(atol=1e-5, rtol=1e-5)
@@ -115,30 +115,23 @@ def test_block_weights_and_capture_hook():
     torch.testing.assert_close(seen["cross"], cross_w)
 
 
-def test_greedy_decode_follows_the_full_forward_and_stops_at_eos(decoder):
-    _, ctx = _inputs(b=3)
-    bos, eos = 1, 2
-    out = greedy_decode(decoder, ctx, bos=bos, eos=eos, max_len=MAX_LEN)
-    assert out.shape[0] == 3 and out.shape[1] <= MAX_LEN and (out[:, 0] == bos).all()
-    # Every generated token is the argmax of the full (uncached) forward on its prefix,
-    # until that sequence's eos; after it only eos follows.
-    logits = decoder(out[:, :-1], ctx)
-    for b in range(3):
-        row = out[b].tolist()
-        end = row.index(eos) if eos in row else len(row) - 1
-        assert torch.equal(logits[b, :end].argmax(-1), out[b, 1 : end + 1])
-        assert all(t == eos for t in row[end:]) or eos not in row
-
-
-def test_greedy_decode_stops_early_and_respects_max_len(decoder):
-    _, ctx = _inputs(b=2)
-    with torch.no_grad():
-        decoder.head.weight.zero_()
-        decoder.head.bias.copy_(torch.nn.functional.one_hot(torch.tensor(2), VOCAB).float())
-    assert torch.equal(greedy_decode(decoder, ctx, bos=1, eos=2, max_len=8), torch.tensor([[1, 2], [1, 2]]))
-    with torch.no_grad():
-        decoder.head.bias.copy_(torch.nn.functional.one_hot(torch.tensor(5), VOCAB).float())
-    out = greedy_decode(decoder, ctx, bos=1, eos=2, max_len=6)
-    assert out.shape == (2, 6) and (out[:, 1:] == 5).all()
-    with pytest.raises(ValueError, match="exceeds"):
-        greedy_decode(decoder, ctx, bos=1, eos=2, max_len=MAX_LEN + 1)
+def test_rows_sharing_a_context_equal_the_context_copied_per_row(decoder):
+    """Beams of one image read its context once: B·G token rows against B context rows give what
+    each row gives against its own copy, cached or not, weights included."""
+    tokens, ctx = _inputs(b=6, t=5)
+    ctx = ctx[:2]  # two images, three rows (beams) each
+    pad = torch.zeros(2, M, dtype=torch.bool)
+    pad[1, 3:] = True
+    copied, copied_pad = ctx.repeat_interleave(3, 0), pad.repeat_interleave(3, 0)
+    want, want_w = decoder(tokens, copied, context_padding_mask=copied_pad, return_weights=True)
+    got, got_w = decoder(tokens, ctx, context_padding_mask=pad, return_weights=True)
+    torch.testing.assert_close(got, want, **F32)
+    torch.testing.assert_close(got_w, want_w, **F32)
+    caches = decoder.new_caches()
+    steps = [decoder(tokens[:, :2], ctx, context_padding_mask=pad, caches=caches)]
+    for t in range(2, tokens.shape[1]):
+        steps.append(decoder(tokens[:, t:t + 1], None, context_padding_mask=pad, caches=caches))
+    assert caches[0][1].k.shape[0] == 2  # the cross-attention cache holds one row per image
+    torch.testing.assert_close(torch.cat(steps, 1), want, **F32)
+    with pytest.raises(ValueError, match="cannot share 4 context rows"):
+        decoder(tokens, torch.randn(4, M, CTX_DIM))

@@ -1,18 +1,23 @@
-"""The Transformer decoder, read top to bottom: pre-norm block, the stack, greedy decoding.
+"""The Transformer decoder, read top to bottom: pre-norm block, then the stack.
 
 Tokens are (B, T) int64; the encoder's output `context` is (B, M, Dc). Padding masks follow
 torch.nn.MultiheadAttention's `key_padding_mask`: (B, N) bool, True marks a pad position.
 Decoding step by step reuses keys and values through one (self, cross) pair of `KVCache` per
 block, and gives the same logits as running the whole prefix again.
+
+Beam search decodes G hypotheses of one image: token rows (B·G, T) against a context of B rows.
+Cross-attention treats each query on its own (no mask between queries), so the G rows' queries are
+read as G·T queries of their image's one context row: (B·G, T, D) -> (B, G·T, D). The context, its
+keys and values and their cache stay at one row per image, never copied per hypothesis.
 """
 
 from __future__ import annotations
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import KVCache, MultiHeadAttention, key_padding_mask
-from vitscope.errors import ConfigError
 from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.vit import Mlp
 
@@ -23,6 +28,15 @@ Caches = list[tuple[KVCache, KVCache]]
 def _keep_mask(padding_mask: Tensor | None) -> Tensor | None:
     """(B, N) True-at-padding -> (B, 1, 1, N) True-where-attending, the convention of `attend`."""
     return None if padding_mask is None else key_padding_mask(padded=padding_mask)
+
+
+def _context_rows(context: Tensor | None, caches: Caches | None, default: int) -> int:
+    """How many rows the context has: its own, or its cached keys' once the context is not passed."""
+    if context is not None:
+        return context.shape[0]
+    if caches and caches[0][1].k is not None:
+        return caches[0][1].k.shape[0]
+    return default
 
 
 class DecoderBlock(nn.Module):
@@ -63,23 +77,32 @@ class DecoderBlock(nn.Module):
         context_mask: Tensor | None = None,
         caches: tuple[KVCache, KVCache] | None = None,
         return_weights: bool = False,
+        self_weights: bool = True,
+        groups: int = 1,
     ):
-        """x (B, T, dim), context (B, M, Dc) -> (B, T, dim).
+        """x (B·G, T, dim), context (B, M, Dc) -> (B·G, T, dim), with G = `groups` rows of x per
+        context row (1 unless beams share an image).
 
-        `mask` and `context_mask` are `attend` masks (True = may look), broadcastable to
-        (B, H, T, past + T) and (B, H, T, M). With `caches`, x holds only the new tokens and the
-        context may be None once the cross cache is filled. With `return_weights` also returns
-        the self- and cross-attention weights, (B, H, T, past + T) and (B, H, T, M).
+        `mask` (B·G, ...) and `context_mask` (B, ...) are `attend` masks (True = may look),
+        broadcastable to (B·G, H, T, past + T) and (B, H, G·T, M). With `caches`, x holds only the
+        new tokens and the context may be None once the cross cache is filled. With
+        `return_weights` also returns the self- and cross-attention weights, (B·G, H, T, past + T)
+        and (B·G, H, T, M); `self_weights=False` leaves the first out (None), so that attention
+        need not be materialised.
         """
         self_cache, cross_cache = caches if caches is not None else (None, None)
-        h = self.self_attn(self.norm1(x), mask=mask, causal=True, cache=self_cache,
-                           return_weights=return_weights)
-        h, self_w = h if return_weights else (h, None)
+        bg, t, d = x.shape
+        # One new token sees every cached one: the causal mask would be all True.
+        h = self.self_attn(self.norm1(x), mask=mask, causal=t > 1, cache=self_cache,
+                           return_weights=return_weights and self_weights)
+        h, self_w = h if return_weights and self_weights else (h, None)
         x = x + h
-        h = self.cross_attn(self.norm2(x), context, mask=context_mask, cache=cross_cache,
-                            return_weights=return_weights)
+        queries = self.norm2(x).reshape(bg // groups, groups * t, d)  # (B, G·T, dim): an image's rows together
+        h = self.cross_attn(queries, context, mask=context_mask, cache=cross_cache, return_weights=return_weights)
         h, cross_w = h if return_weights else (h, None)
-        x = x + h
+        x = x + h.reshape(bg, t, d)
+        if return_weights:
+            cross_w = rearrange(cross_w, "b h (g t) m -> (b g) h t m", g=groups, t=t)
         x = x + self.mlp(self.norm3(x))
         return (x, self_w, cross_w) if return_weights else x
 
@@ -141,7 +164,9 @@ class TransformerDecoder(nn.Module):
     ):
         """tokens (B, T) int64, context (B, M, Dc) -> logits (B, T, vocab_size).
 
-        `padding_mask` (B, past + T) and `context_padding_mask` (B, M) are True at pad positions.
+        The context may have fewer rows than the tokens, Bc dividing B: then each context row serves
+        B / Bc consecutive token rows (an image's beams), read by broadcasting.
+        `padding_mask` (B, past + T) and `context_padding_mask` (Bc, M) are True at pad positions.
         With `caches` (from `new_caches`), `tokens` are only the new ones: their positions start
         at the number of tokens already cached. With `return_weights` also returns every block's
         cross-attention weights, (B, T, L, H, M): what each new token looked at in the context.
@@ -154,12 +179,17 @@ class TransformerDecoder(nn.Module):
         if padding_mask is not None and padding_mask.shape[-1] != past + tokens.shape[1]:
             raise ValueError(f"padding_mask covers {padding_mask.shape[-1]} positions but there are "
                              f"{past} cached + {tokens.shape[1]} new tokens; pass it for all of them")
+        rows = _context_rows(context, caches, tokens.shape[0])
+        if tokens.shape[0] % rows:
+            raise ValueError(f"{tokens.shape[0]} token rows cannot share {rows} context rows evenly; give one "
+                             f"context row per image and its beams' rows consecutively")
         mask, context_mask = _keep_mask(padding_mask), _keep_mask(context_padding_mask)
         x = self.drop(self.pos_embed(self.token_embed(tokens), offset=past))  # (B, T, D)
         cross = []
         for i, block in enumerate(self.blocks):
             x = block(x, context, mask=mask, context_mask=context_mask,
-                      caches=caches[i] if caches is not None else None, return_weights=return_weights)
+                      caches=caches[i] if caches is not None else None, return_weights=return_weights,
+                      self_weights=False, groups=tokens.shape[0] // rows)
             if return_weights:
                 x, _, w = x
                 cross.append(w)  # (B, H, T, M)
@@ -168,26 +198,3 @@ class TransformerDecoder(nn.Module):
             return logits
         return logits, torch.stack(cross, 2).transpose(1, 3)  # (B, H, L, T, M) -> (B, T, L, H, M)
 
-
-@torch.no_grad()
-def greedy_decode(
-    decoder: TransformerDecoder, context: Tensor, *, bos: int, eos: int, max_len: int
-) -> Tensor:
-    """Most likely token at every step, with key/value caches: (B, L) ids starting with `bos`.
-
-    Stops once every sequence has produced `eos` or L reaches `max_len`; a finished sequence is
-    filled with `eos` from there on. Call `decoder.eval()` first for deterministic output.
-    """
-    if max_len > decoder.max_len:
-        raise ConfigError(f"max_len={max_len} exceeds the decoder's {decoder.max_len} positions")
-    b = context.shape[0]
-    tokens = torch.full((b, 1), bos, dtype=torch.long, device=context.device)  # (B, 1)
-    done = torch.zeros(b, dtype=torch.bool, device=context.device)
-    caches = decoder.new_caches()
-    step = tokens
-    while tokens.shape[1] < max_len and not done.all():
-        logits = decoder(step, context, caches=caches)  # (B, 1, V): only the newest position
-        step = logits[:, -1].argmax(-1, keepdim=True).masked_fill(done[:, None], eos)  # (B, 1)
-        tokens = torch.cat([tokens, step], dim=1)
-        done |= step[:, 0] == eos
-    return tokens

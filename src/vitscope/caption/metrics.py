@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vitscope.caption.vocab import BOS, EOS, PAD, Vocabulary, is_punctuation
+from vitscope.caption.vocab import Vocabulary, is_punctuation
 
 Words = Sequence[str]
 NGram = tuple[str, ...]
@@ -40,18 +40,6 @@ NGram = tuple[str, ...]
 def caption_words(ids: Sequence[int] | Tensor, vocab: Vocabulary) -> list[str]:
     """Token ids -> words: cut at the first <eos>; <bos> and <pad> left out."""
     return vocab.decode_words(ids)
-
-
-def strip_special_ids(ids: Sequence[int] | Tensor) -> list[int]:
-    """The ids that are words: cut at the first <eos>, <bos>/<pad> dropped."""
-    ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-    out = []
-    for i in ids:
-        if i == EOS:
-            break
-        if i not in (BOS, PAD):
-            out.append(i)
-    return out
 
 
 def ngram_counts(words: Words, n: int = 4) -> Counter[NGram]:
@@ -156,14 +144,6 @@ def score_captions(hypotheses: Sequence[Words], references: Sequence[Sequence[Wo
     bleu = corpus_bleu(hyps, refs, 4)
     cider, _ = cider_d(hyps, refs)
     return {**{f"bleu{k + 1}": b for k, b in enumerate(bleu)}, "cider": cider}
-
-
-def score_ids(hypotheses: Tensor | Sequence[Sequence[int]], references: Sequence[Sequence[Sequence[int]]],
-              vocab: Vocabulary) -> dict[str, float]:
-    """`score_captions` for token ids: hypotheses (B, T) cut at <eos>, references per image."""
-    hyps = [vocab.decode_words(h) for h in hypotheses]
-    refs = [[vocab.decode_words(r) for r in rs] for rs in references]
-    return score_captions(hyps, refs)
 
 
 # -- grounded measures (Fashion-MNIST scenes) ------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import AdditiveAttention
@@ -67,9 +68,9 @@ class ShowAttendTellConfig:
 class LSTMState:
     """One row per hypothesis (R = B·K under beam search)."""
 
-    memory: Tensor  # (R, N, De)
-    keys: Tensor  # (R, N, A) the image tokens' key projection, made once per caption
-    keep: Tensor | None  # (R, N) True at real image tokens
+    memory: Tensor  # (B, N, De): one row per image, shared by its beams
+    keys: Tensor  # (B, N, A) the image tokens' key projection, made once per caption
+    keep: Tensor | None  # (B, N) True at real image tokens
     h: Tensor  # (R, Hd)
     c: Tensor  # (R, Hd)
     tokens: Tensor  # (R, t) fed so far; the last one is read by the next step
@@ -118,17 +119,22 @@ class ShowAttendTell(nn.Module):
         return self.init_h(mean), self.init_c(mean)
 
     def _attend(self, h: Tensor, memory: Tensor, keys: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor]:
-        """`self.attention(h, memory, mask=keep)` with the keys' projection `keys` (R, N, A) made once per
-        caption instead of at every word (it was a third of a training step): context (R, De), alpha (R, N)."""
+        """`self.attention(h, memory, mask=keep)` with the keys' projection `keys` (B, N, A) made once per
+        caption instead of at every word (it was a third of a training step): context (R, De), alpha (R, N).
+
+        h has R = B·G rows, G per image (an image's beams under beam search): the G queries of an image
+        read its one memory row by broadcasting."""
         a = self.attention
-        scores = a.score(torch.tanh(a.query_proj(h)[:, None] + keys)).squeeze(-1)  # (R, N)
+        q = rearrange(a.query_proj(h), "(b g) a -> b g 1 a", b=memory.shape[0])  # (B, G, 1, A)
+        scores = a.score(torch.tanh(q + keys[:, None])).squeeze(-1)  # (B, G, N)
         if keep is not None:
+            keep = keep[:, None]  # (B, 1, N)
             empty = ~keep.any(-1, keepdim=True)
             scores = scores.masked_fill(~(keep | empty), float("-inf"))
         alpha = scores.softmax(dim=-1)
         if keep is not None:
             alpha = alpha.masked_fill(empty, 0.0)
-        return (alpha[:, None] @ memory)[:, 0], alpha
+        return (alpha @ memory).flatten(0, 1), alpha.flatten(0, 1)  # (R, De), (R, N)
 
     def _step(self, word: Tensor, h: Tensor, c: Tensor, memory: Tensor, keys: Tensor, keep: Tensor | None):
         """word (R,) -> logits (R, V), alpha (R, N), h, c."""
@@ -176,11 +182,13 @@ class ShowAttendTell(nn.Module):
 
     # -- the step interface (vitscope.caption.decoding) -------------------------------------------------
     def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
-              bos: int = 1) -> LSTMState:
-        """`use_cache` is accepted for a common interface: an LSTM's state is its cache."""
+              bos: int = 1, beams: int = 1) -> LSTMState:
+        """`beams` hypotheses per image, one row each (R = B·beams), sharing the image's memory and keys.
+        `use_cache` is accepted for a common interface: an LSTM's state is its cache."""
         keep = None if memory_padding is None else ~memory_padding
         h, c = self._initial(memory, keep)
-        tokens = torch.full((memory.shape[0], 1), bos, dtype=torch.long, device=memory.device)
+        h, c = h.repeat_interleave(beams, 0), c.repeat_interleave(beams, 0)  # (R, Hd), once per caption
+        tokens = torch.full((h.shape[0], 1), bos, dtype=torch.long, device=memory.device)
         return LSTMState(memory, self.attention.key_proj(memory), keep, h, c, tokens)
 
     def step(self, state: LSTMState) -> tuple[Tensor, Tensor, LSTMState]:
@@ -194,7 +202,7 @@ class ShowAttendTell(nn.Module):
         return state
 
     def reorder(self, state: LSTMState, index: Tensor) -> LSTMState:
-        keep = state.keep.index_select(0, index) if state.keep is not None else None
-        return LSTMState(state.memory.index_select(0, index), state.keys.index_select(0, index), keep,
-                         state.h.index_select(0, index),
+        """Rows `index` (R,) of the hypotheses, each within its image's beams: only the recurrent state and
+        the tokens follow them; the memory, keys and mask stay one row per image."""
+        return LSTMState(state.memory, state.keys, state.keep, state.h.index_select(0, index),
                          state.c.index_select(0, index), state.tokens.index_select(0, index))

@@ -16,7 +16,8 @@ real token from seeing the pads after it, and the fused causal kernel stays usab
 Decoding goes one token at a time through `start` / `step` / `reorder` (the interface
 `vitscope.caption.decoding` drives for both captioners): with `use_cache` each step feeds only the
 newest token and reuses every block's self-attention keys/values and the memory's cross-attention
-keys/values; without it each step re-runs the whole prefix. Both give the same logits.
+keys/values; without it each step re-runs the whole prefix. Both give the same logits. An image's
+beams share its memory and cross-attention keys/values (one row per image, see vitscope.decoder).
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ class TransformerCaptionerConfig:
 class TransformerState:
     """What decoding carries between steps, one row per hypothesis (R = B·K under beam search)."""
 
-    memory: Tensor  # (R, N, De)
-    memory_padding: Tensor | None  # (R, N) True at padded image tokens
-    caches: Caches | None  # per block (self, cross) KV caches; None: re-run the prefix
+    memory: Tensor  # (B, N, De): one row per image, shared by its beams
+    memory_padding: Tensor | None  # (B, N) True at padded image tokens
+    caches: Caches | None  # per block (self (R, ...), cross (B, ...)) KV caches; None: re-run the prefix
     tokens: Tensor  # (R, t) every token fed so far
 
 
@@ -196,9 +197,10 @@ class TransformerCaptioner(nn.Module):
 
     # -- the step interface (vitscope.caption.decoding) -------------------------------------------------
     def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
-              bos: int = 1) -> TransformerState:
-        r = memory.shape[0]
-        tokens = torch.full((r, 1), bos, dtype=torch.long, device=memory.device)
+              bos: int = 1, beams: int = 1) -> TransformerState:
+        """`beams` hypotheses per image, one row each (R = B·beams); they all read the image's one
+        memory row and its cross-attention keys/values."""
+        tokens = torch.full((memory.shape[0] * beams, 1), bos, dtype=torch.long, device=memory.device)
         return TransformerState(memory, memory_padding, self.decoder.new_caches() if use_cache else None, tokens)
 
     def step(self, state: TransformerState) -> tuple[Tensor, Tensor, TransformerState]:
@@ -217,11 +219,11 @@ class TransformerCaptioner(nn.Module):
         return state
 
     def reorder(self, state: TransformerState, index: Tensor) -> TransformerState:
-        """Rows `index` (R',) of the state: beams reselected, or each image repeated K times.
-        The caches follow their hypotheses (index_select on the row dim)."""
+        """Rows `index` (R,) of the hypotheses, each index within its image's beams: beams reselected.
+        Only what differs between beams follows them (the self-attention caches, the tokens); the
+        memory and the cross-attention caches stay one row per image."""
         caches = None
         if state.caches is not None:
-            caches = [tuple(KVCache(c.k.index_select(0, index), c.v.index_select(0, index)) if c.k is not None
-                            else KVCache() for c in pair) for pair in state.caches]
-        pad = state.memory_padding.index_select(0, index) if state.memory_padding is not None else None
-        return TransformerState(state.memory.index_select(0, index), pad, caches, state.tokens.index_select(0, index))
+            caches = [(KVCache(s.k.index_select(0, index), s.v.index_select(0, index)) if s.k is not None
+                       else KVCache(), cross) for s, cross in state.caches]
+        return TransformerState(state.memory, state.memory_padding, caches, state.tokens.index_select(0, index))
