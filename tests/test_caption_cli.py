@@ -133,6 +133,9 @@ def test_bad_inputs_to_eval_and_caption_are_one_line_and_lose_nothing(run_dir, t
     one_line_error(capsys, main(["caption", str(run_dir), str(image), "--beam", "0"]), "--beam", "at least 1")
     one_line_error(capsys, main(["caption", str(run_dir), str(image), "--max-len", "999"]), "999", "40 positions")
     one_line_error(capsys, main(["eval", str(run_dir), "--max-len", "41"]), "41")
+    for penalty in ("nan", "inf"):  # a score of NaN is not JSON, and ranks nothing
+        one_line_error(capsys, main(["caption", str(run_dir), str(image), "--length-penalty", penalty, "--json"]),
+                       "length penalty", "finite")
     one_line_error(capsys, main(["train", *TINY, "--eval-split", "valid", "--out", str(tmp_path / "r2")]), "valid")
     assert not (tmp_path / "r2").exists()
     one_line_error(capsys, main(["train", *TINY, "--aug-flip", "true", "--out", str(tmp_path / "r3")]), "flip")
