@@ -155,6 +155,19 @@ def test_a_sigint_mid_epoch_saves_and_resumes_exactly(reference, tmp_path):
     train(cfg, run, resume=True, progress=False)
     assert_same(weights(reference), weights(run))
     assert curve(run) == curve(reference)  # the resumed epoch reports the same training loss
+    assert not list(run.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_relinking_last_to_the_file_it_already_names_leaves_no_temporary_file(tmp_path):
+    """A resume links last.safetensors to the weights it already names: a rename of a link onto its own file
+    succeeds without removing the link's temporary name, which stayed behind."""
+    weights_file = tmp_path / "step-00000004.safetensors"
+    weights_file.write_bytes(b"weights")
+    ckpt = checkpointing.Checkpoint(tmp_path, 4, weights_file, None, None)
+    checkpointing.link_last(ckpt)
+    checkpointing.link_last(ckpt)
+    assert (tmp_path / "last.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.safetensors", "step-00000004.safetensors"]
 
 
 # -- a mixed pair, a changed file -------------------------------------------------------------------

@@ -209,6 +209,8 @@ def link_last(ckpt: Checkpoint) -> None:
     tmp = ckpt.run_dir / f".{LAST}.link.tmp"
     tmp.unlink(missing_ok=True)
     try:
+        if target.exists() and os.path.samefile(ckpt.weights, target):
+            return  # already linked (a resume): renaming a link onto its own file is a no-op that keeps tmp
         os.link(ckpt.weights, tmp)
         os.replace(tmp, target)
     except OSError as e:
