@@ -11,10 +11,18 @@ removes from a run folder.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # not on Windows, which has no file-size limit
+    resource = None
 
 PathLike = str | os.PathLike
 
@@ -31,7 +39,17 @@ def atomic_write(path: PathLike, write_fn: Callable[[str], None]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        write_fn(tmp)
+        try:
+            write_fn(tmp)
+        except OSError as e:
+            if e.filename is None:  # say which file, whoever raised it
+                raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+            raise
+        except Exception as e:
+            failed = _failed_write(e, tmp, path)
+            if failed is None:
+                raise
+            raise failed from e
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -52,6 +70,34 @@ def atomic_write(path: PathLike, write_fn: Callable[[str], None]) -> Path:
         finally:
             os.close(dfd)
     return path
+
+
+def _failed_write(e: Exception, tmp: str, path: Path) -> OSError | None:
+    """The OSError behind a writer's own exception, or None where it is not a failed write.
+
+    safetensors raises SafetensorError with the OS's "(os error 28)" in its text, and torch.save a RuntimeError
+    ("unexpected pos ...") that names no cause at all; both are a full disk or a file past the size limit
+    (`ulimit -f`), which the OS's own errors then name, so the caller handles them as any OSError."""
+    code = re.search(r"os error (\d+)", str(e))
+    if code:
+        n = int(code.group(1))
+        return OSError(n, os.strerror(n), str(path))
+    if not isinstance(e, RuntimeError):
+        return None
+    size = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE) if resource else (-1, -1)
+    if soft not in (-1, getattr(resource, "RLIM_INFINITY", -1)) and size + (1 << 16) >= soft:
+        return OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)} (the file-size limit, ulimit -f, is {soft} bytes)",
+                       str(path))
+    if shutil.disk_usage(path.parent).free < (1 << 20):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
+
+
+def save_figure(fig, path: PathLike, **savefig_kw) -> Path:
+    """A matplotlib figure written whole (format from the path's suffix), like every other file vitscope writes."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **savefig_kw))
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> Path:

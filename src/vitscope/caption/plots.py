@@ -28,6 +28,7 @@ from vitscope.caption.decoding import beam_search, decode, greedy
 from vitscope.caption.vocab import Vocabulary
 from vitscope.data import normalize
 from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_page
+from vitscope.io import save_figure
 
 
 def word_maps(attention: Tensor, grid: tuple[int, int], *, num_prefix_tokens: int = 0,
@@ -105,7 +106,7 @@ def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tenso
         fig.text(0.01, 0.005, "references: " + " | ".join(references), fontsize=7, wrap=True)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path)
+        save_figure(fig, path)
     return fig
 
 

@@ -37,6 +37,7 @@ from vitscope.inspect.stats import (  # noqa: E402
     nan_to_none,
     patch_distances,
 )
+from vitscope.io import save_figure  # noqa: E402
 
 OVERLAY_CMAP = "inferno"
 
@@ -70,7 +71,7 @@ def overlay(ax, image: Tensor | np.ndarray, attention: Tensor | np.ndarray, *, a
 def _save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -171,11 +171,13 @@ def save_checkpoint(run_dir: Path, step: int, *, model, ema, state: dict, metada
         if not committed:
             for p in written:
                 p.unlink(missing_ok=True)
-        kept = (f"the previous checkpoint ({previous.describe()}) is kept" if previous is not None
-                else "there is no earlier checkpoint")
+        if previous is not None:
+            kept, again = (f"the previous checkpoint ({previous.describe()}) is kept",
+                           f"continue with: vitscope train --resume {run_dir}")
+        else:
+            kept, again = "there is no earlier checkpoint", f"train again (with --overwrite to reuse {run_dir})"
         raise CheckpointError(f"could not write the checkpoint of step {step} to {run_dir}: {_os_reason(e)}; "
-                              f"{kept}. {_os_advice(e)}, then continue with: vitscope train --resume {run_dir}"
-                              ) from e
+                              f"{kept}. {_os_advice(e)}, then {again}") from e
     _fault("after-manifest")
     found = Checkpoint(run_dir, step, weights, state_file, ema_file)
     link_last(found)
@@ -240,6 +242,8 @@ def _os_reason(e: OSError) -> str:
 def _os_advice(e: OSError) -> str:
     if e.errno == errno.ENOSPC:
         return "Free some disk space"
+    if e.errno == errno.EFBIG:
+        return "Raise the file-size limit (ulimit -f)"
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "Make the folder writable"
     return "Fix the folder"

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from vitscope.io import save_figure  # noqa: E402
 from vitscope.training.task import Metric  # noqa: E402
 
 
@@ -41,7 +42,7 @@ def plot_curves(metrics: list[dict], out: Path, metric: Metric, title: str = "")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     plt.close(fig)
     return out
 
@@ -65,6 +66,6 @@ def plot_confusion(matrix: np.ndarray, classes: list[str], out: Path, title: str
                             color="white" if norm[i, j] > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out, dpi=110)
     plt.close(fig)
     return out

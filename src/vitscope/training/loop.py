@@ -30,7 +30,13 @@ from tqdm.auto import tqdm
 from vitscope.errors import ConfigError
 from vitscope.kernels import allocator
 from vitscope.training import distributed as D
-from vitscope.training.checkpointing import Checkpoint, Progress, find_checkpoint, save_checkpoint
+from vitscope.training.checkpointing import (
+    Checkpoint,
+    CheckpointError,
+    Progress,
+    find_checkpoint,
+    save_checkpoint,
+)
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
 from vitscope.training.run_dir import RunLock, check_target, take
@@ -117,7 +123,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                           flush=True)
             with Stopper(can_abandon=not info.enabled) as stopper:
                 run = _Training(cfg, s, at, gen, run_dir, info, found, stopper, progress=progress)
-                stopped = run.loop(run.total if max_steps is None else min(run.total, max_steps))
+                try:
+                    stopped = run.loop(run.total if max_steps is None else min(run.total, max_steps))
+                except BaseException:
+                    run.bar.close()  # before the error's line is printed, so that line is the last one
+                    raise
             return run.finish(stopped)
     finally:
         D.teardown(info)
@@ -223,9 +233,22 @@ class _Training:
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def save_best(self) -> None:
-        if self.info.is_main:
+        if not self.info.is_main:
+            return
+        try:
             save_model(self.s.model, self.run_dir / "best.safetensors",
                        metadata={**self.meta, "step": str(self.at.step)})
+        except OSError as e:
+            kept = (f"the checkpoint of step {self.last.step} is kept" if self.last is not None
+                    else "no checkpoint was written yet")
+            raise CheckpointError(f"could not write {self.run_dir / 'best.safetensors'}: {e.strerror or e}; {kept}. "
+                                  f"Free some space or raise the limit, then {self._again()}") from e
+
+    def _again(self) -> str:
+        """How to go on after a failed write: resume where a checkpoint exists, else start the run afresh."""
+        if self.last is not None:
+            return f"continue with: vitscope train --resume {self.run_dir}"
+        return f"train again (with --overwrite to reuse {self.run_dir})"
 
     def save_last(self) -> None:
         if not self.info.is_main or (self.last is not None and self.last.step == self.at.step):
@@ -321,5 +344,11 @@ class _Training:
         result = TrainResult(self.run_dir, metric, value, best, at.train_time_s,
                              at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, stopped)
         if self.info.is_main and final is not None and at.step >= self.total:
-            self.task.report(self.run_dir, self.s.model, result, final)
+            try:
+                self.task.report(self.run_dir, self.s.model, result, final)
+            except OSError as e:  # the run itself is whole: say which file, and how to write the report again
+                kept = f"the checkpoint of step {self.last.step} is kept" if self.last is not None else "no checkpoint"
+                raise CheckpointError(f"could not write the run's report: {e.strerror or e} ({e.filename}); {kept}. "
+                                      f"The trained weights are whole: free some space, and vitscope eval {self.run_dir} "
+                                      f"reports them") from e
         return result
