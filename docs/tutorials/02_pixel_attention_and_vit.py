@@ -370,7 +370,7 @@ assert half > blind + 0.2  # half of the heads keep most of the accuracy
 # How to read them. Uniform attention over the 50 tokens gives the CLS token 1/50 = 2% of every
 # row and the patches 98%, and a mean distance of 14.4 px; compare each number with those. When this
 # tutorial was written, the run reached 75% and its averages were within about a point of uniform
-# (and its distances within half a pixel): after 300 steps, the attention *on average* is still
+# (and its distances within a pixel): after 300 steps, the attention *on average* is still
 # close to spreading evenly. Yet removing a single head cost up to 14 points, and removing all of
 # them costs everything: what the model learned lives in the departures from uniform, which
 # depend on the image and on the query, and which averages over 500 images and 49 queries hide.
