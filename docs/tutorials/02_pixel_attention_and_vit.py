@@ -119,9 +119,9 @@ print("largest difference to SpatialSelfAttention:", (ours - theirs).abs().max()
 assert torch.allclose(ours, theirs, atol=1e-5) and torch.allclose(our_weights, their_weights, atol=1e-5)
 
 # %% [markdown]
-# Even untrained, a pixel's attention is not random: the projections are random, but the features
-# are the image's, so a pixel on the garment looks mostly at other pixels like it. Below, the
-# attention of the pixel at the centre of each image over all 14 × 14 pixels.
+# Even untrained, a pixel's attention is not noise: the projections are random, but the features
+# are the image's, so the weights follow the garment's shapes and edges. Below, the attention of
+# the pixel at the centre of each image over all 14 × 14 pixels.
 
 # %%
 centre = 7 * 14 + 7  # row-major index of pixel (7, 7)
