@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up shared by `make run` and `make test`: a virtual environment with the pinned
+# Idempotent set-up shared by `make run`, `make test` and `make docs`: a virtual environment with the pinned
 # development versions, Fashion-MNIST from Debian's package, and (for the tests) Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,10 +9,14 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# `make docs` also needs the site's tools; each set of extras keeps its own stamp.
+extras=test
+[ "$what" = docs ] && extras=test,docs
 stamp=.venv/.setup-stamp
+[ "$extras" = test ] || stamp=".venv/.setup-stamp-${extras/,/-}"
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import vitscope" 2>/dev/null; then
-  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+  .venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$extras]"
   echo "$want" > "$stamp"
 fi
 
