@@ -74,7 +74,6 @@ def test_a_resume_that_cannot_write_is_one_line_and_keeps_the_checkpoint(tmp_pat
     """A run stopped at step 6 (its checkpoint committed) resumes under a file-size limit its next state file
     exceeds: one line naming that file and the kept checkpoint, which then resumes once the limit is gone."""
     from test_faults import fault_config
-
     from vitscope.training.loop import train
 
     run = tmp_path / "run"

@@ -349,6 +349,6 @@ class _Training:
             except OSError as e:  # the run itself is whole: say which file, and how to write the report again
                 kept = f"the checkpoint of step {self.last.step} is kept" if self.last is not None else "no checkpoint"
                 raise CheckpointError(f"could not write the run's report: {e.strerror or e} ({e.filename}); {kept}. "
-                                      f"The trained weights are whole: free some space, and vitscope eval {self.run_dir} "
-                                      f"reports them") from e
+                                      f"The trained weights are whole: free some space, and vitscope eval "
+                                      f"{self.run_dir} reports them") from e
         return result
