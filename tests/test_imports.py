@@ -19,7 +19,7 @@ PACKAGE = Path(vitscope.__file__).resolve().parent
 # -> the model files -> attention, positional, data; `errors`, `fields` and `io` serve every layer. A package
 # may import its own layer or lower ones.
 LAYERS = [
-    {"__main__"},
+    {"__main__", "console"},
     {"cli"},
     {"training"},
     {"caption"},

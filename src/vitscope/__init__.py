@@ -1,21 +1,45 @@
-"""vitscope: attention and Vision Transformers from first principles."""
+"""vitscope: attention and Vision Transformers from first principles.
 
-from vitscope.attention import (
-    AdditiveAttention,
-    KVCache,
-    MultiHeadAttention,
-    SpatialSelfAttention,
-    attend,
-    dot_product_attention,
-    key_padding_mask,
-)
-from vitscope.models import create_model, list_models
-from vitscope.vit import VisionTransformer, ViTConfig
+The public names below load on first use (PEP 562), so `import vitscope` does not import torch: the command
+line starts, and answers Ctrl-C with one line, before the seconds torch takes to load.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AdditiveAttention", "KVCache", "MultiHeadAttention", "SpatialSelfAttention", "ViTConfig",
-    "VisionTransformer", "attend", "create_model", "dot_product_attention", "key_padding_mask",
-    "list_models",
-]
+_EXPORTS = {
+    "AdditiveAttention": "vitscope.attention",
+    "KVCache": "vitscope.attention",
+    "MultiHeadAttention": "vitscope.attention",
+    "SpatialSelfAttention": "vitscope.attention",
+    "attend": "vitscope.attention",
+    "dot_product_attention": "vitscope.attention",
+    "key_padding_mask": "vitscope.attention",
+    "create_model": "vitscope.models",
+    "list_models": "vitscope.models",
+    "VisionTransformer": "vitscope.vit",
+    "ViTConfig": "vitscope.vit",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
+        try:  # a subpackage or module, as `vitscope.kernels` after `import vitscope`
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'vitscope' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -2,6 +2,6 @@
 
 import sys
 
-from vitscope.cli import main
+from vitscope.console import main
 
 sys.exit(main())

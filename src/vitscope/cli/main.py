@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"vitscope {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
