@@ -14,7 +14,8 @@ TINY = ["train", "--model", "vit_tiny_patch4_28", "--dataset", "digits", "--epoc
         "--set", "embed_dim=16", "--set", "depth=1", "--set", "num_heads=2", "--explain-images", "0"]
 
 
-@pytest.mark.parametrize("after_s", [0.3, 0.6, 1.0, 1.5, 2.5])  # while Python, then torch, then vitscope loads or trains
+# while Python, then torch, then vitscope loads, or trains
+@pytest.mark.parametrize("after_s", [0.3, 0.6, 1.0, 1.5, 2.5])
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path, after_s):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen([sys.executable, "-m", "vitscope", *TINY, "--out", str(tmp_path / "run")],
