@@ -36,6 +36,28 @@ def test_train_writes_a_complete_run(run_dir, capsys):
         assert (run_dir / name).stat().st_size > 100, name
 
 
+def test_eval_and_explain_never_replace_a_runs_own_files_without_overwrite(run_dir, capsys):
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert main(["eval", str(run_dir), "--out", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "training run's folder" in err and "confusion.png" in err and "--overwrite" in err
+    assert main(["explain", str(run_dir), "--dataset", "digits", "--num", "2", "--importance-samples", "0",
+                 "--out", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "explorer.html" in err and "--overwrite" in err
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before  # nothing replaced
+
+
+def test_eval_overwrites_a_runs_confusion_when_asked(run_dir, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    old = (copy / "confusion.png").read_bytes()
+    assert main(["eval", str(copy), "--out", str(copy), "--overwrite"]) == 0
+    assert (copy / "confusion.png").read_bytes() != old and (copy / "eval.json").is_file()
+
+
 def test_eval_prints_accuracy_and_writes_confusion(run_dir, tmp_path, capsys):
     assert main(["eval", str(run_dir), "--json", "--out", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -157,16 +157,26 @@ def add_kernels_flag(parser: argparse.ArgumentParser) -> None:
                              "the C kernels from loading at all)")
 
 
-def check_out_dir(path: Path) -> Path:
-    """Before any work: `path` can be an output folder (no file in its place, somewhere writable)."""
-    from vitscope.training.run_dir import RunDirError, _not_a_file, probe_writable
+def check_out_dir(path: Path, *, writes: tuple[str, ...] = (), overwrite: bool = False) -> Path:
+    """Before any work: `path` can be an output folder (no file in its place, somewhere writable), and the files
+    `writes` names do not replace a training run's own files there unless `overwrite`."""
+    from vitscope.training.run_dir import RUN_MARKERS, RunDirError, _not_a_file, probe_writable
 
     try:
         _not_a_file(path)
         probe_writable(path)
     except RunDirError as e:
         raise UsageError(str(e)) from None
+    taken = [name for name in writes if (path / name).exists()]
+    if taken and not overwrite and any((path / m).exists() for m in RUN_MARKERS):
+        raise UsageError(f"{path} is a training run's folder and holds {listed(taken)}, which this command would "
+                         f"replace; give another --out, or pass --overwrite to replace them")
     return path
+
+
+def add_overwrite_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files of the same names in --out even where it is a training run's folder")
 
 
 def listed(names, most: int = 4) -> str:

@@ -11,6 +11,7 @@ from vitscope.cli.common import (
     UsageError,
     add_caption_options,
     add_kernels_flag,
+    add_overwrite_flag,
     at_least,
     check_out_dir,
     listed,
@@ -34,6 +35,7 @@ def add_eval_parser(sub) -> None:
                    help="test-time augmentation: also average each image moved PX pixels left, right, up and "
                         "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
     p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
+    add_overwrite_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     g = p.add_argument_group("captioning runs (vitscope train --task caption)",
                              "BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact match and "
@@ -52,7 +54,7 @@ def run_eval(args) -> int:
 
     if is_caption_checkpoint(args.checkpoint):
         return run_caption_eval(args)
-    out = check_out_dir(args.out) if args.out else None
+    out = check_out_dir(args.out, writes=("confusion.png", "eval.json"), overwrite=args.overwrite) if args.out else None
     model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
     name = args.dataset or info.dataset
     if not name:
@@ -112,7 +114,7 @@ def run_caption_eval(args) -> int:
     from vitscope.caption.evaluate import evaluate_captions
     from vitscope.caption.task import CAPTION_DATASETS, load_caption_dataset
 
-    out_dir = check_out_dir(args.out) if args.out else None
+    out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
     run = open_caption_run(args.checkpoint, vocab=args.vocab, max_len=args.max_len, kernels=not args.no_kernels)
     name = args.dataset or run.dataset
     if not name:

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import torch
 
-from vitscope.cli.common import add_kernels_flag, at_least, check_out_dir, os_error_line
+from vitscope.cli.common import add_kernels_flag, add_overwrite_flag, at_least, check_out_dir, os_error_line
 from vitscope.errors import VitscopeError
+
+# What explain writes into --out: the explorer, and write_report's pictures and numbers.
+EXPLAIN_FILES = ("explorer.html", "overlays.png", "heads_last_layer.png", "heads_all_layers.png", "distance.png",
+                 "regions.png", "importance.png", "pruning.png", "stats.json")
 
 
 class ExplainError(VitscopeError):
@@ -37,6 +41,7 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
                         "timm's), or a preset with pretrained weights, e.g. vit_small_patch16_224")
     p.add_argument("images", metavar="IMAGE", nargs="*", help="image files (PNG, JPEG, ...)")
     p.add_argument("--out", required=True, type=Path, help="folder for the pictures and explorer.html")
+    add_overwrite_flag(p)
     p.add_argument("--dataset", help="also show images of this dataset (e.g. fashion_mnist); with labels it "
                                      "also measures head importance")
     p.add_argument("--split", default="test", help="dataset split (default: test)")
@@ -102,7 +107,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
 
     if not args.images and not args.dataset:
         raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
-    out = check_out_dir(Path(args.out))
+    out = check_out_dir(Path(args.out), writes=EXPLAIN_FILES, overwrite=args.overwrite)
     model, info = _load(Path(args.model), kernels=not args.no_kernels)
     known = info.normalisation_known
     mean, std = (list(info.mean), list(info.std)) if known else (None, None)
