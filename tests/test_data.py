@@ -253,3 +253,16 @@ def test_front_door_errors():
         load_dataset("mnist", channels=3)
     with pytest.raises(DataError, match="splits 'train' and 'test'"):
         load_dataset("mnist", "val")
+
+
+def test_channel_stats_of_a_single_colour_dataset_normalise_to_finite_values():
+    """A channel that never varies must not divide by zero (a NaN loss at step 0, blamed on the learning rate)."""
+    from vitscope.data.base import channel_stats
+
+    images = torch.full((4, 3, 8, 8), 200, dtype=torch.uint8)
+    images[:, 1] = torch.randint(0, 256, (4, 8, 8), generator=torch.Generator().manual_seed(0))
+    mean, std = channel_stats(images)
+    assert mean[0] == round(200 / 255, 4) and std[0] == round(1 / 255, 4)  # held at one grey level
+    assert abs(std[1] - (images[:, 1].double() / 255).std(unbiased=False).item()) < 1e-4  # a varying one as it is
+    x = (images.float() / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    assert torch.isfinite(x).all()

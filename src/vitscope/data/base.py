@@ -127,7 +127,10 @@ def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[float,
     n = max(images.shape[0] * images.shape[2] * images.shape[3], 1)
     mean = total / n
     std = (total_sq / n - mean * mean).clamp_min(1e-12).sqrt()
-    return tuple(round(v, 4) for v in mean.tolist()), tuple(round(v, 4) for v in std.tolist())
+    # A channel that never varies (a single-colour dataset) would divide by zero when normalised: its std is
+    # held at one grey level, 1/255, below which no uint8 channel can vary anyway.
+    return (tuple(round(v, 4) for v in mean.tolist()),
+            tuple(max(round(v, 4), round(1 / 255, 4)) for v in std.tolist()))
 
 
 def resize_images(images: torch.Tensor, size: int) -> torch.Tensor:
