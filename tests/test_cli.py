@@ -342,3 +342,20 @@ def test_the_library_presets_name_no_run_folder():
     assert set(STARTS_FROM) <= set(list_recipes()) and set(STARTS_FROM.values()) <= set(list_recipes())
     cfg = build_train_config(build_parser().parse_args(["train", "--preset", "caption_lstm_quick"]))
     assert cfg.init_weights == "runs/fmnist_quick/best.safetensors"
+
+
+def test_a_resume_whose_config_was_edited_names_the_fields_and_refuses(tmp_path, capsys):
+    from vitscope.cli import build_parser, build_train_config
+    from vitscope.training.loop import train
+
+    part = tmp_path / "part"  # a run stopped after 3 steps, its checkpoint committed
+    train(build_train_config(build_parser().parse_args(["train", *TINY])), part, progress=False, max_steps=3)
+    edited = json.loads((part / "config.json").read_text())
+    edited["lr"] *= 10
+    (part / "config.json").write_text(json.dumps(edited))
+    before = (part / "checkpoint.json").read_text()
+    assert main(["train", "--resume", str(part)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "in lr;" in err and "--config-changes" in err, err
+    assert (part / "checkpoint.json").read_text() == before
+    assert main(["train", "--resume", str(part), "--config-changes"]) == 0  # asked for: it continues

@@ -31,6 +31,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--weights-only", action="store_true",
                    help="with --resume: continue from the run's weights alone where its checkpoint is not whole "
                         "(optimizer and random state start afresh, so the result differs from an unbroken run)")
+    p.add_argument("--config-changes", action="store_true",
+                   help="with --resume: continue although RUN_DIR/config.json was edited since its checkpoint "
+                        "(without it such a resume is refused, naming the changed fields)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run that --out holds (without it, a folder holding a run is refused)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -113,8 +116,8 @@ def build_train_config(args):
         base["init_weights"] = None  # the preset's starting weights are its own model's
     if args.resume and (given or aug or args.set or args.decoder_args or args.out or args.overwrite):
         raise UsageError("--resume continues the saved config exactly; drop the other training flags")
-    if args.weights_only and not args.resume:
-        raise UsageError("--weights-only goes with --resume RUN_DIR")
+    if (args.weights_only or args.config_changes) and not args.resume:
+        raise UsageError(f"{'--weights-only' if args.weights_only else '--config-changes'} goes with --resume RUN_DIR")
     base.update(given)
     augment = base.get("augment", {})
     if not isinstance(augment, dict):
@@ -146,7 +149,7 @@ def run_train(args) -> int:
         run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"run directory: {run_dir}", flush=True)
     result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, config_changes=args.config_changes)
     if result.stopped == "signal":
         print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
         return 130

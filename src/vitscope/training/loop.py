@@ -82,14 +82,30 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 
 
 # -- the loop ---------------------------------------------------------------------------------------
+def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
+    """The config fields that differ from the ones the checkpoint was trained with (its weights' metadata);
+    fields one side lacks (a run from before the field existed) are not compared."""
+    from vitscope.weights.checkpoints import read_metadata
+
+    try:
+        saved = json.loads(read_metadata(found.weights).get("train_config", "{}"))
+    except (OSError, ValueError):
+        return []  # an unreadable record: find_checkpoint's own checks speak for the files
+    now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples become lists
+    return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
+
+
 def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-          weights_only: bool = False, progress: bool = True, max_steps: int | None = None) -> TrainResult:
+          weights_only: bool = False, progress: bool = True, max_steps: int | None = None,
+          config_changes: bool = False) -> TrainResult:
     """Train `cfg` into `run_dir`; with `resume`, continue from run_dir's checkpoint.
 
     Nothing in `run_dir` changes until the data and the model are ready: a run that cannot start leaves it
     as it was. A directory holding a run is refused unless `resume` (continue it, bit-identically) or
     `overwrite` (replace it); `weights_only` resumes from the weights alone where the checkpoint is not one
-    unit. `max_steps` stops after that many optimizer steps in total (tests use it to interrupt a run).
+    unit. `max_steps` stops after that many optimizer steps in total (tests use it to interrupt a run). A
+    resumed run whose config differs from its checkpoint's is refused, naming the fields, unless
+    `config_changes` (then it continues with the new values, and the curve is no longer the same run's).
     """
     run_dir = Path(run_dir)
     cfg.validate()  # a dataclass can be changed after it was made
@@ -106,6 +122,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 if resume:
                     held.enter_context(RunLock(run_dir))
             found = find_checkpoint(run_dir, weights_only=weights_only) if resume else None
+            changed = _changed_since(found, cfg) if found is not None and not config_changes else []
+            if changed:
+                raise ConfigError(f"{run_dir}/config.json differs from the config its checkpoint was trained with "
+                                  f"in {', '.join(changed)}; put the values back to continue the same run, or pass "
+                                  f"--config-changes to continue with the new ones")
             if cfg.threads:
                 torch.set_num_threads(cfg.threads)
             if device.type == "cpu" and cfg.keep_freed_memory:
