@@ -359,3 +359,19 @@ def test_a_resume_whose_config_was_edited_names_the_fields_and_refuses(tmp_path,
     assert err.count("\n") == 0 and "in lr;" in err and "--config-changes" in err, err
     assert (part / "checkpoint.json").read_text() == before
     assert main(["train", "--resume", str(part), "--config-changes"]) == 0  # asked for: it continues
+
+
+def test_a_flag_that_does_nothing_says_so(tmp_path, capsys):
+    # digits ships with scikit-learn: a data folder is not read, and one warning line says so
+    with pytest.warns(UserWarning, match="'digits' reads no files of its own") as caught:
+        assert main(["train", *TINY, "--epochs", "1", "--data-dir", str(tmp_path / "nowhere"),
+                     "--out", str(tmp_path / "run")]) == 0
+    assert len({str(w.message) for w in caught}) == 1
+    # a captioner's encoder is built at the size the images are read at: a second size is refused, not ignored
+    assert main(["train", "--task", "caption", "--init-weights", "none", "--set", "img_size=28",
+                 "--out", str(tmp_path / "cap")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--image-size" in err and "img_size=28" in err, err
+    assert not (tmp_path / "cap").exists()
+    assert main(["train", *TINY, "--image-size", "16", "--set", "img_size=12", "--out", str(tmp_path / "r2")]) == 2
+    assert "beside --image-size 16" in capsys.readouterr().err

@@ -10,6 +10,7 @@ where its files are looked for; `verify_dataset(name)` checks them and says what
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,6 +83,9 @@ _LOADERS: dict[str, Callable[..., ImageDataset]] = {
 }
 
 
+_SAID: set[tuple[str, str]] = set()  # the ignored data folders already warned of, by dataset
+
+
 def list_datasets() -> list[str]:
     return list(_LOADERS)
 
@@ -129,6 +133,10 @@ def load_dataset(
         raise DataError(f"image_size must be a positive number of pixels, got {image_size}")
     if "root" in accepted:
         kwargs["root"] = root
+    elif root is not None and (name, str(root)) not in _SAID:  # once, not for each split
+        _SAID.add((name, str(root)))
+        warnings.warn(f"dataset {name!r} reads no files of its own (it ships with its package): the data folder "
+                      f"{root} is not used")
     if "download" in accepted:
         kwargs["download"] = download
     decodes_at_size = "image_size" in accepted
