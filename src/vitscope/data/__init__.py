@@ -136,7 +136,7 @@ def load_dataset(
     elif root is not None and (name, str(root)) not in _SAID:  # once, not for each split
         _SAID.add((name, str(root)))
         warnings.warn(f"dataset {name!r} reads no files of its own (it ships with its package): the data folder "
-                      f"{root} is not used")
+                      f"{root} is not used", stacklevel=2)
     if "download" in accepted:
         kwargs["download"] = download
     decodes_at_size = "image_size" in accepted
