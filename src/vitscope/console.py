@@ -3,6 +3,7 @@ one line and exit code 130, like a Ctrl-C at any later moment."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -23,14 +24,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from vitscope.cli.main import main as run
 
-        return run(argv)
+        code = run(argv)
+        if code == INTERRUPTED:  # the command caught the interrupt itself, and said so
+            return _leave_interrupted()
+        return code
     except KeyboardInterrupt:
         pass
     except Exception:
         if not interrupted:
             raise
     print("vitscope: interrupted", file=sys.stderr)
-    return INTERRUPTED
+    return _leave_interrupted()
+
+
+def _leave_interrupted() -> int:
+    """Exit with 130 now. An interrupt that landed inside code a library runs through exec() (scipy does, while
+    it loads) marks the interpreter, which would then end itself by SIGINT at exit (status -2) whatever this
+    returns; everything a run holds was released as the interrupt unwound, so nothing is lost by leaving here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(INTERRUPTED)
 
 
 if __name__ == "__main__":
