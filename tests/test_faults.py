@@ -392,3 +392,18 @@ def test_a_damaged_manifest_is_refused_and_the_weights_alone_still_continue(tmp_
         train(cfg, run, resume=True, progress=False)
     assert train(cfg, run, resume=True, weights_only=True, progress=False, max_steps=8).stopped == "finished"
     assert json.loads((run / "checkpoint.json").read_text())["step"] == 8
+
+
+@pytest.mark.parametrize("damage", ["deleted", "a folder"])
+def test_a_lost_manifest_is_named_not_the_old_layouts_state_file(reference, tmp_path, capsys, damage):
+    run = tmp_path / "run"
+    train(fault_config(), run, progress=False, max_steps=6)
+    (run / "checkpoint.json").unlink()
+    if damage == "a folder":
+        (run / "checkpoint.json").mkdir()
+    with pytest.raises(CheckpointError) as caught:
+        checkpointing.find_checkpoint(run)
+    msg = str(caught.value)
+    assert "checkpoint.json" in msg and ("is a folder" if damage == "a folder" else "is missing") in msg
+    assert "step-00000006" in msg and "last.state.pt" not in msg and "--weights-only" in msg
+    assert checkpointing.find_checkpoint(run, weights_only=True).step == 6  # the way out it names works

@@ -288,6 +288,11 @@ def find_checkpoint(run_dir: Path, *, weights_only: bool = False) -> Checkpoint:
         _check_weights_step(ckpt)
         return ckpt
     weights, state = run_dir / LAST, run_dir / LEGACY_STATE
+    steps = sorted(p.name for p in run_dir.glob("step-*") if _STEP_FILE.match(p.name)) if run_dir.is_dir() else []
+    if steps and not state.is_file() and not weights_only:  # today's layout, its manifest gone
+        what = "is a folder" if (run_dir / MANIFEST).is_dir() else "is missing"
+        raise _refuse(run_dir, f"{run_dir / MANIFEST}, the file that says which step files form the checkpoint, "
+                               f"{what}, so {', '.join(steps[:3])} cannot be checked as one unit")
     if not weights.is_file() and not state.is_file():
         raise CheckpointError(f"cannot resume {run_dir}: it holds no checkpoint yet (stopped before its first "
                               f"one); train it again: vitscope train --config {run_dir / 'config.json'} "
