@@ -375,3 +375,10 @@ def test_a_flag_that_does_nothing_says_so(tmp_path, capsys):
     assert not (tmp_path / "cap").exists()
     assert main(["train", *TINY, "--image-size", "16", "--set", "img_size=12", "--out", str(tmp_path / "r2")]) == 2
     assert "beside --image-size 16" in capsys.readouterr().err
+
+
+def test_a_caption_dataset_without_the_caption_task_says_how(tmp_path, capsys):
+    assert main(["train", "--dataset", "flickr8k", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "captioning dataset" in err and "--task caption" in err, err
+    assert not (tmp_path / "r").exists()

@@ -205,6 +205,12 @@ def _check_ranges(cfg: TrainConfig) -> None:
     # task may read other datasets than the classification ones
     if cfg.task == "caption":
         _check_caption(cfg)
+    else:
+        from vitscope.caption.task import CAPTION_DATASETS
+
+        if cfg.dataset in CAPTION_DATASETS:  # else the data layer's "unknown dataset", with no way forward
+            raise ConfigError(f"{cfg.dataset!r} is a captioning dataset: train on it with --task caption "
+                              f"(vitscope train --task caption --dataset {cfg.dataset} ...)")
 
 
 def _check_caption(cfg: TrainConfig) -> None:
