@@ -603,7 +603,7 @@ NOTES = (
     "(vitscope/kernels/native/) run the attention (float32 with AVX-512, at most 256 keys; bfloat16 with AMX or "
     "AVX512-BF16, any length) and, with AVX512-BF16, the bfloat16 training MLP's GELU with its derivative, the "
     "blocks' LayerNorms and residual adds, the linear layers' weight gradients, and without AMX the linear "
-    "layers' forward and input-gradient products (vitscope/kernels/linear_kernel.py) and the conv stem's weight "
+    "layers' forward and input-gradient products (vitscope/kernels/linear_bf16.py) and the conv stem's weight "
     "gradients; on AMD CPUs with AVX2 and without AVX-512, in float32, the attention (AVX2 build), the linear "
     "layers' three products with the MLP's GELU inside them (vitscope/kernels/linear_f32.py), every GELU, and the conv "
     "stem's weight gradients and BatchNorm + GELU; compiled, the attention and the training MLP (bfloat16, or "
