@@ -58,9 +58,10 @@ def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
     assert all("1,199,882" in row for row in rows)  # the same shape in every implementation
     # vitscope's row ran its attention kernel wherever this CPU has one: the worker applied the kernels
     assert rows[0].split(" | ")[4] == ("vitscope kernel" if _float32_attention_kernel_runs() else "sdpa")
-    targets = [line for line in text.splitlines() if line.startswith("| fmnist_plain | train | no |")]
-    assert targets  # the targets table
-    assert len(targets[0].split(" | ")[7].split()) == 2  # vitscope's ratio to the tutorial in each pass
+    targets = [line for line in text.splitlines() if line.startswith("| fmnist_plain | train | float32 | no |")]
+    assert targets  # the table against the references
+    assert targets[0].split(" | ")[5] == "tutorial"  # the only other implementation run
+    assert len(targets[0].split(" | ")[8].split()) == 2  # vitscope's ratio to it in each pass
     assert "- passes: 2" in text
 
 
