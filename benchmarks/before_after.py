@@ -4,7 +4,10 @@ Each commit's `src/` is exported (`git archive`) into a temporary folder, and ev
 child process whose PYTHONPATH points at that commit's code, so both run the same child script, the same
 torch and the same threads. Rounds alternate the commits (before, after; then after, before; ...), so a
 change in the machine's load falls on both alike; each row reports the median over rounds and the ratio.
-The other processes' load is measured in every child and printed.
+The other processes' load is measured in every child and printed. Beside images/s (wall clock) each row gives
+images per CPU-second of the child: on a machine other jobs crowd, wall time mostly measures the scheduler,
+while CPU time stays the work done (with one thread, `--threads 1`, exactly: several threads also count the
+time they spin waiting for each other).
 
 The child builds `vit_tiny_patch4_28` with MLP ratio 4 (28×28×1, patch 4, width 128, depth 6, heads 4,
 MLP 512) with vitscope's kernels swapped in where the commit has `vitscope.kernels.apply` (older commits ran
@@ -15,6 +18,7 @@ natively (AVX512-BF16 or AMX), under bfloat16 autocast.
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD                  # ~6 min on 2 cores
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD --rounds 5 --dtypes bfloat16
     .venv/bin/python benchmarks/before_after.py main WORKTREE                 # WORKTREE: the files as they are now
+    .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD --threads 1      # on a crowded machine: CPU time
 
 A commit is anything `git rev-parse` takes; `WORKTREE` is this checkout's `src/` as it is on disk.
 """
@@ -87,16 +91,17 @@ def busy():
 
 for _ in range(spec["warmup"]):
     step()
-hz, times = os.sysconf("SC_CLK_TCK"), []
+hz, times, cpu = os.sysconf("SC_CLK_TCK"), [], []
 busy0, own0, t0 = busy(), os.times(), time.perf_counter()
 for _ in range(spec["steps"]):
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     step()
     times.append(time.perf_counter() - t1)
+    cpu.append(time.process_time() - c1)
 wall, own1 = time.perf_counter() - t0, os.times()
 own = (own1.user + own1.system) - (own0.user + own0.system)
 background = max(0.0, ((busy() - busy0) / hz - own) / wall)
-print("RESULT " + json.dumps({"times_s": times, "background_cores": background}), flush=True)
+print("RESULT " + json.dumps({"times_s": times, "cpu_s": cpu, "background_cores": background}), flush=True)
 """
 
 
@@ -158,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                                             Path(tmp) / "after")
         sides = {"before": before, "after": after}
         rates: dict[tuple[str, str, str], list[float]] = {}
+        per_cpu: dict[tuple[str, str, str], list[float]] = {}
         loads: list[float] = []
         for r in range(args.rounds):
             order = ("before", "after") if r % 2 == 0 else ("after", "before")
@@ -170,22 +176,30 @@ def main(argv: list[str] | None = None) -> None:
                         out = measure(sides[side], spec)
                         rate = args.batch / statistics.median(out["times_s"])
                         rates.setdefault((dtype, mode, side), []).append(rate)
+                        per_cpu.setdefault((dtype, mode, side), []).append(
+                            args.batch / statistics.median(out["cpu_s"]))
                         loads.append(out["background_cores"])
-                        print(f"round {r + 1}: {dtype} {mode} {side}: {rate_text(rate)} images/s "
+                        print(f"round {r + 1}: {dtype} {mode} {side}: {rate_text(rate)} images/s, "
+                              f"{rate_text(per_cpu[(dtype, mode, side)][-1])} per CPU-second "
                               f"(other processes {out['background_cores']:.2f} cores)", file=sys.stderr, flush=True)
 
     print(f"vitscope {args.before} ({b_rev}) against {args.after} ({a_rev}): {PRESET} with MLP ratio 4, batch "
           f"{args.batch}, {args.rounds} alternating rounds of one child each, median of {args.steps} steps\n")
     print(machine_header({"other processes' load during the children (cores, median / max)":
                           f"{statistics.median(loads):.2f} / {max(loads):.2f}"}))
-    print("\n| dtype | mode | before (images/s) | after (images/s) | after / before | rounds (before / after) |")
-    print("|---|---|---:|---:|---:|---|")
+    print(f"\nMedians over rounds, {args.threads} threads.\n")
+    print("| dtype | mode | before (images/s) | after (images/s) | after / before | rounds (before / after) "
+          "| before (images per CPU-s) | after (images per CPU-s) | after / before |")
+    print("|---|---|---:|---:|---:|---|---:|---:|---:|")
     for dtype in dtypes:
         for mode in args.modes:
             b, a = rates[(dtype, mode, "before")], rates[(dtype, mode, "after")]
+            cb = statistics.median(per_cpu[(dtype, mode, "before")])
+            ca = statistics.median(per_cpu[(dtype, mode, "after")])
             pairs = ", ".join(f"{rate_text(x)} / {rate_text(y)}" for x, y in zip(b, a))
             print(f"| {dtype} | {mode} | {rate_text(statistics.median(b))} | {rate_text(statistics.median(a))} "
-                  f"| {statistics.median(a) / statistics.median(b):.3f} | {pairs} |")
+                  f"| {statistics.median(a) / statistics.median(b):.3f} | {pairs} "
+                  f"| {rate_text(cb)} | {rate_text(ca)} | {ca / cb:.3f} |")
 
 
 if __name__ == "__main__":
