@@ -115,7 +115,7 @@ def kernels(args, model) -> None:
     """`--kernels`: the step's parts, inside vitscope's C kernels and outside them, and each kernel's time."""
     lib = native.library()
     if lib is None:
-        sys.exit(f"vitscope's kernels do not run here: {native.why_not()}")
+        sys.exit(f"vitscope's kernels do not run here: {native.unavailable()}")
     timed = _TimedLibrary(lib)
     parts: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])  # part: [wall, in kernels]
 

@@ -38,7 +38,7 @@ def _module(name: str):
 def _float32_attention_kernel_runs() -> bool:
     from vitscope.kernels import short_attention
 
-    return short_attention.kernel_for(torch.float32) is not None
+    return short_attention.build_for(torch.float32) is not None
 
 
 @pytest.mark.slow
@@ -58,9 +58,10 @@ def test_quick_run_writes_its_section_and_keeps_the_others(tmp_path):
     assert all("1,199,882" in row for row in rows)  # the same shape in every implementation
     # vitscope's row ran its attention kernel wherever this CPU has one: the worker applied the kernels
     assert rows[0].split(" | ")[4] == ("vitscope kernel" if _float32_attention_kernel_runs() else "sdpa")
-    targets = [line for line in text.splitlines() if line.startswith("| fmnist_plain | train | no |")]
-    assert targets  # the targets table
-    assert len(targets[0].split(" | ")[7].split()) == 2  # vitscope's ratio to the tutorial in each pass
+    targets = [line for line in text.splitlines() if line.startswith("| fmnist_plain | train | float32 | no |")]
+    assert targets  # the table against the references
+    assert targets[0].split(" | ")[5] == "tutorial"  # the only other implementation run
+    assert len(targets[0].split(" | ")[8].split()) == 2  # vitscope's ratio to it in each pass
     assert "- passes: 2" in text
 
 
@@ -134,7 +135,7 @@ def test_profile_of_the_compiled_step_names_vitscope_ops():
     from vitscope.kernels import native
 
     if native.library() is None:
-        pytest.skip(f"vitscope's kernels do not run here ({native.why_not()}), so the graph has none of its ops")
+        pytest.skip(f"vitscope's kernels do not run here ({native.unavailable()}), so the graph has none of its ops")
     r = _profile("--set", "depth=1", "--batch", "4", "--steps", "1", "--rows", "40", "--dtype", "float32",
                  "--compile", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -157,7 +158,7 @@ def test_profile_kernels_splits_the_step_inside_and_outside_the_kernels():
     from vitscope.kernels import native
 
     if native.library() is None:
-        pytest.skip(f"vitscope's kernels do not run here ({native.why_not()})")
+        pytest.skip(f"vitscope's kernels do not run here ({native.unavailable()})")
     dtype = "bfloat16" if native.has("avx512_bf16") else "float32"  # AVX2 alone: the float32 attention kernel
     r = _profile("--set", "depth=1", "--batch", "4", "--steps", "2", "--kernels", "--dtype", dtype)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -11,12 +11,13 @@ import torch.nn.functional as F
 from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
 from vitscope import kernels
 from vitscope.attention import MultiHeadAttention, attend
-from vitscope.kernels import short_attention
+from vitscope.kernels import registry, short_attention
 from vitscope.models import create_model
 
-KERNEL = short_attention.kernel_for(torch.float32)
+_CHOSEN = short_attention.build_for(torch.float32)  # (instruction set, build), as the registry decided
+KERNEL = None if _CHOSEN is None else _CHOSEN[1]
 needs_kernel = pytest.mark.skipif(KERNEL is None,
-                                  reason=f"kernel unavailable: {short_attention.why_not(torch.float32)}")
+                                  reason=f"kernel unavailable: {registry.why_none('attention', torch.float32)}")
 SHAPES = [(50, 50, 32), (197, 197, 64), (1, 50, 32), (1, 1, 16), (15, 16, 32), (16, 17, 64), (33, 31, 96),
           (64, 256, 128), (100, 255, 48), (256, 256, 16)]
 if KERNEL is not None and KERNEL.head_dim_multiple == 8:  # the AVX2 build's narrower vectors take these too

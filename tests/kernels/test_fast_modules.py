@@ -171,12 +171,12 @@ def _in_subprocess(code: str, **env) -> str:
 
 
 def test_vitscope_isa_caps_the_instruction_set_the_kernels_see():
-    code = ("from vitscope.kernels import native; "
-            "print(sorted(native.cpu_features() & {'avx512f', 'avx512_bf16', 'amx_bf16'}), native.why_not('avx512'))")
+    code = ("from vitscope.kernels import native; print(sorted(native.cpu_features() & "
+            "{'avx512f', 'avx512_bf16', 'amx_bf16'}), native.unavailable('avx512'))")
     capped = _in_subprocess(code, VITSCOPE_ISA="avx2")
     assert capped.startswith("[] ")
     if "avx512f" in set(native._cpuinfo("flags").split()):
         assert capped.endswith("capped at avx2 by VITSCOPE_ISA")
-    bad = _in_subprocess("from vitscope.kernels import native; print(native.why_not())", VITSCOPE_ISA="sse9")
+    bad = _in_subprocess("from vitscope.kernels import native; print(native.unavailable())", VITSCOPE_ISA="sse9")
     assert "VITSCOPE_ISA='sse9' names no instruction set" in bad
     assert native.supported_isas() == [isa for isa in native.ISAS if native.supported_isas().count(isa)]

@@ -14,8 +14,8 @@ from vitscope.kernels import fused_add_norm, fused_layer_norm, fused_residual, n
 from vitscope.vit import Block
 
 BF = torch.bfloat16
-needs_kernel = pytest.mark.skipif(native.why_not("avx512_bf16") is not None,
-                                  reason=f"bfloat16 kernels unavailable: {native.why_not('avx512_bf16')}")
+needs_kernel = pytest.mark.skipif(native.unavailable("avx512_bf16") is not None,
+                                  reason=f"bfloat16 kernels unavailable: {native.unavailable('avx512_bf16')}")
 
 
 

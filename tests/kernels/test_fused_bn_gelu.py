@@ -36,10 +36,10 @@ def _bn(c=32, seed=1, **kw):
 
 
 needs_kernel = pytest.mark.skipif(not fused_bn_gelu.fusable(_x(), _bn(), nn.GELU()),
-                                  reason=f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+                                  reason=f"vitscope's kernels unavailable: {native.unavailable('avx512_bf16')}")
 needs_f32_kernel = pytest.mark.skipif(not fused_bn_gelu.fusable(_x(dtype=torch.float32), _bn(), nn.GELU()),
                                       reason="the float32 kernel runs on CPUs with AVX2 and without AVX-512 "
-                                             f"({native.why_not('avx2') or 'this CPU has AVX-512'})")
+                                             f"({native.unavailable('avx2') or 'this CPU has AVX-512'})")
 DTYPES = [pytest.param(BF, marks=needs_kernel, id="bfloat16"),
           pytest.param(torch.float32, marks=needs_f32_kernel, id="float32")]
 # the error allowed against float64 where the modules' own is smaller: bfloat16's rounding, or float32's

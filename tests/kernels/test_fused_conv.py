@@ -16,7 +16,7 @@ BF = torch.bfloat16
 CL = torch.channels_last
 
 needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),
-                                  reason=f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+                                  reason=f"vitscope's kernels unavailable: {native.unavailable('avx512_bf16')}")
 
 
 needs_f32_kernel = pytest.mark.skipif(not fused_linear.float32_kernels(),

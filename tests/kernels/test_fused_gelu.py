@@ -14,7 +14,7 @@ from vitscope.models import create_model
 
 BF = torch.bfloat16
 needs_kernel = pytest.mark.skipif(not fused_gelu.fusable(torch.ones(2, dtype=BF)),
-                                  reason=f"vitscope's kernels unavailable: {native.why_not('avx512_bf16')}")
+                                  reason=f"vitscope's kernels unavailable: {native.unavailable('avx512_bf16')}")
 
 
 def _cdf64(a):  # erfc keeps the far negative tail, where 1 + erf cancels to 0

@@ -14,7 +14,7 @@ from vitscope.kernels import fused_add_norm, fused_layer_norm, native
 from vitscope.vit import Block
 
 needs_kernel = pytest.mark.skipif(not native.has("avx512_bf16"),
-                                  reason=f"kernels unavailable: {native.why_not('avx512_bf16')}")
+                                  reason=f"kernels unavailable: {native.unavailable('avx512_bf16')}")
 BF = torch.bfloat16
 
 

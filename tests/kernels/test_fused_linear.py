@@ -1,7 +1,7 @@
 """oneDNN's fused linear (bias, and in inference GELU, inside the matmul) in bfloat16: when it runs, and
 that it gives nn.Linear's and F.gelu's numbers, and in training addmm's gradients, to bfloat16 rounding,
 checked against float64. vitscope's own product kernel, which takes these calls on CPUs with AVX512-BF16
-and no AMX, is switched off here (`onednn_products`); tests/test_linear_kernel.py tests it."""
+and no AMX, is switched off here (`onednn_products`); tests/test_linear_bf16.py tests it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitscope import kernels
-from vitscope.kernels import fused_gelu, fused_linear, linear_kernel, native
+from vitscope.kernels import fused_gelu, fused_linear, linear_bf16, native, registry
 from vitscope.kernels.fused_linear import Linear
 from vitscope.vit import Mlp, VisionTransformer, ViTConfig
 
@@ -23,7 +23,7 @@ BF16 = torch.bfloat16
 @pytest.fixture(autouse=True)
 def onednn_products(monkeypatch):
     """The products in oneDNN, as on CPUs where vitscope's kernel does not run."""
-    monkeypatch.setattr(linear_kernel, "runnable", lambda *args, **kwargs: False)
+    monkeypatch.setattr(linear_bf16, "runnable", lambda *args, **kwargs: False)
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_fused_linear_is_as_close_to_float64_as_autocast_linear(shape, gelu, bia
     if gelu == "epilogue":
         monkeypatch.setattr(native, "runnable", lambda *t, isa: False)
     elif gelu == "table" and not native.has("avx512_bf16"):
-        pytest.skip(f"vitscope's GELU table needs its kernels: {native.why_not('avx512_bf16')}")
+        pytest.skip(f"vitscope's GELU table needs its kernels: {native.unavailable('avx512_bf16')}")
     layer = _layer(bias=bias)
     g = torch.Generator().manual_seed(1)
     if shape == "transposed":  # (3, 50, 48) with the last two dims swapped in memory, as after a rearrange
@@ -399,6 +399,7 @@ def test_weight_grad_kernel_reads_strided_rows_and_leaves_other_shapes_to_onednn
         assert torch.equal(dw, a.t() @ b) and torch.equal(db, a.sum(0))
     assert not fused_linear._native_weight_grad(torch.randn(64, 32), torch.randn(64, 64))  # float32
     assert not fused_linear._native_weight_grad(g.t(), x.t())
+    monkeypatch.setattr(registry, "_decided", None)  # decided again with the CPU below; the test's end restores it
     monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
     assert not fused_linear._native_weight_grad(g, x)  # oneDNN's AMX tiles instead
     monkeypatch.undo()

@@ -13,7 +13,7 @@ from vitscope.vit import Mlp
 
 _w = torch.ones(2, 2, dtype=torch.bfloat16)
 needs_kernel = pytest.mark.skipif(not fused_mlp.fusable(_w.clone().requires_grad_(), _w, None, _w, None),
-                                  reason=f"fused MLP unavailable: {native.why_not() or 'no oneDNN bf16 linear'}")
+                                  reason=f"fused MLP unavailable: {native.unavailable() or 'no oneDNN bf16 linear'}")
 BF = torch.bfloat16
 
 

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import assert_grads_close
-from vitscope.kernels import fused_gelu, native
+from vitscope.kernels import fused_gelu, registry
 from vitscope.models import create_model
 
 needs_kernel = pytest.mark.skipif(not fused_gelu.fusable(torch.ones(2)),
-                                  reason=f"float32 GELU kernel off here: {native.why_not('avx2') or 'AVX-512 CPU'}")
+                                  reason=f"float32 GELU kernel off here: {registry.why_none('gelu', torch.float32)}")
 
 
 def _cdf64(a):

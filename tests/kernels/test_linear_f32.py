@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from vitscope import kernels
-from vitscope.kernels import fused_linear, linear_f32, native
+from vitscope.kernels import fused_linear, linear_f32, registry
 from vitscope.vit import VisionTransformer, ViTConfig
 
 needs_kernel = pytest.mark.skipif(not linear_f32.usable(),
-                                  reason=f"float32 linear kernel off here: {native.why_not('avx2') or 'AVX-512 CPU'}")
+                                  reason=f"float32 linear kernel off: {registry.why_none('linear', torch.float32)}")
 
 # (M, k, n): whole 96-row chunks and partial ones, 6-row tiles and their tails, panels of 16 and a last one of
 # 8, reductions of 1 to 512 (the plain ViT's fc2) and one of three blocks (1100 = 512 + 512 + 76), a single row;

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from vitscope.attention import attend
-from vitscope.kernels import native, short_attention
+from vitscope.kernels import native, registry, short_attention
 
-needs_library = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.why_not()}")
+needs_library = pytest.mark.skipif(native.library() is None, reason=f"kernels unavailable: {native.unavailable()}")
 
 
 def test_switched_off_by_environment():
-    code = "from vitscope.kernels import native; print(native.library() is None, native.why_not())"
+    code = "from vitscope.kernels import native; print(native.library() is None, native.unavailable())"
     env = {**os.environ, "VITSCOPE_NATIVE": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True switched off by VITSCOPE_NATIVE=0"
@@ -79,8 +79,9 @@ def test_runnable_refuses_forward_ad_and_torch_func_tensors():
 
 @pytest.mark.parametrize("dtype,isa", [(torch.float32, "avx512"), (torch.bfloat16, "amx")])
 def test_unavailable_kernel_raises_a_clear_error(monkeypatch, dtype, isa):
+    monkeypatch.setattr(registry, "_decided", None)  # decided again with the CPU below; the test's end restores it
     monkeypatch.setattr(native, "has", lambda name: False)
-    monkeypatch.setattr(native, "why_not", lambda name=None: f"this CPU lacks the {name} instructions")
+    monkeypatch.setattr(native, "unavailable", lambda name=None: f"this CPU lacks the {name} instructions")
     q, k, v = torch.randn(3, 1, 1, 4, 32).to(dtype).unbind(0)
     assert not short_attention.usable(q, k, v)
     with pytest.raises(RuntimeError, match=f"lacks the {isa} instructions"):
@@ -116,9 +117,9 @@ def test_what_this_machine_runs_is_what_its_cpu_has():
         if not set(features) <= have:
             # refused: above the cap, for the cap; else for the features this CPU lacks
             capped = cap is not None and names.index(isa) > names.index(cap)
-            assert not native.has(isa) and ("capped" if capped else "lacks") in native.why_not(isa)
+            assert not native.has(isa) and ("capped" if capped else "lacks") in native.unavailable(isa)
         elif isa != "amx":  # AMX may also be refused by the kernel (arch_prctl)
-            assert native.has(isa) and native.why_not(isa) is None
+            assert native.has(isa) and native.unavailable(isa) is None
 
 
 def test_every_kernel_source_and_header_ships_in_the_package():
@@ -140,8 +141,8 @@ def test_every_kernel_source_and_header_ships_in_the_package():
 @pytest.mark.parametrize("dtype,nk", [(torch.float32, 50), (torch.bfloat16, 50), (torch.bfloat16, 600)])
 def test_thread_count_does_not_change_the_result(dtype, nk):
     """Each head runs on one thread whatever the count, so the numbers are the same bit for bit."""
-    if short_attention.kernel_for(dtype) is None:
-        pytest.skip(f"kernel unavailable: {short_attention.why_not(dtype)}")
+    if short_attention.build_for(dtype) is None:
+        pytest.skip(f"kernel unavailable: {registry.why_none('attention', dtype)}")
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(5, 3, n, 32, generator=gen).to(dtype) for n in (50, nk, nk))
     threads = torch.get_num_threads()
@@ -191,8 +192,8 @@ def test_importing_vitscope_leaves_dynamo_unloaded():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.skipif(short_attention.kernel_for(torch.float32) is None,
-                    reason=f"kernels unavailable: {short_attention.why_not(torch.float32)}")
+@pytest.mark.skipif(short_attention.build_for(torch.float32) is None,
+                    reason=f"kernels unavailable: {registry.why_none('attention', torch.float32)}")
 def test_a_model_compiled_before_any_eager_call_gets_the_kernels():
     """In a fresh process, torch.compile traces the model before anything has loaded the library: the
     kernels' availability is a constant the trace asks for (loading it), so the custom ops are in the
@@ -216,8 +217,8 @@ print(ops.count("vitscope.qkv_attention.default"))
     assert out.stdout.split() == ["0", "2"]
 
 
-@pytest.mark.skipif(short_attention.kernel_for(torch.float32) is None,
-                    reason=f"kernels unavailable: {short_attention.why_not(torch.float32)}")
+@pytest.mark.skipif(short_attention.build_for(torch.float32) is None,
+                    reason=f"kernels unavailable: {registry.why_none('attention', torch.float32)}")
 @pytest.mark.parametrize("bf16", [False, True])
 def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     """Under torch.compile the qkv attention (and in bfloat16 the training MLP; in float32 on AVX2 CPUs the
@@ -230,8 +231,8 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     from vitscope.kernels import fused_linear, short_attention
     from vitscope.models import create_model
 
-    if bf16 and short_attention.kernel_for(torch.bfloat16) is None:
-        pytest.skip(short_attention.why_not(torch.bfloat16))
+    if bf16 and short_attention.build_for(torch.bfloat16) is None:
+        pytest.skip(registry.why_none("attention", torch.bfloat16))
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch4_28", mlp_ratio=4.0, depth=2, kernels=True)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))

@@ -10,19 +10,23 @@ import torch.nn.functional as F
 from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
 from vitscope import kernels
 from vitscope.attention import attend
-from vitscope.kernels import native, short_attention
+from vitscope.kernels import native, registry, short_attention
 from vitscope.models import create_model
 
 BF = torch.bfloat16
 
 
-@pytest.fixture(autouse=True, params=short_attention.KERNELS[BF], ids=lambda k: k.isa)
+BUILDS = [k for k in registry.KERNELS if k.name == "attention" and "bfloat16" in k.dtypes]
+
+
+@pytest.fixture(autouse=True, params=BUILDS, ids=lambda k: k.isa)
 def build(request, monkeypatch):
-    """Every test runs once per bfloat16 build, that build alone chosen, where this CPU runs it."""
+    """Every test runs once per bfloat16 build, that build alone in the registry, where this CPU runs it."""
     kernel = request.param
     if not native.has(kernel.isa):
-        pytest.skip(f"{kernel.isa} kernel unavailable: {native.why_not(kernel.isa)}")
-    monkeypatch.setitem(short_attention.KERNELS, BF, (kernel,))
+        pytest.skip(f"{kernel.isa} kernel unavailable: {native.unavailable(kernel.isa)}")
+    monkeypatch.setattr(registry, "KERNELS", tuple(k for k in registry.KERNELS if k in (kernel,) or k not in BUILDS))
+    assert registry.runs("attention", BF) == kernel
     return kernel
 
 

@@ -19,36 +19,22 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from vitscope.attention import attend as plain_attend
-from vitscope.kernels import fused_linear, native, short_attention
+from vitscope.kernels import registry, short_attention
 from vitscope.kernels.modules import swap_in, swap_out
-from vitscope.kernels.registry import KERNELS, Kernel, disabled, enabled
+from vitscope.kernels.registry import KERNELS, Kernel, disabled, enabled, why_not
 
 
 def apply(model: nn.Module) -> nn.Module:
     """Swap vitscope's fast modules into `model` in place and return it. Parameters, state_dict, hooks
-    and wrappers are untouched; `revert(model)` undoes it. Safe to call twice."""
+    and wrappers are untouched; `revert(model)` undoes it. Safe to call twice. Which kernels run on this CPU
+    is decided here, once (registry.decide)."""
+    registry.decide()
     return swap_in(model)
 
 
 def revert(model: nn.Module) -> nn.Module:
     """Give `model` its plain PyTorch modules back, in place, and return it."""
     return swap_out(model)
-
-
-def why_not(kernel: Kernel) -> str | None:
-    """Why `kernel` cannot run here (None where it can): the switch, the library, or the CPU."""
-    if not enabled():
-        return "turned off (vitscope.kernels.disabled)"
-    if kernel.isa is None:
-        return None if fused_linear.available() else "oneDNN does not run bfloat16 natively on this CPU"
-    why = native.why_not(kernel.isa)
-    if why is None and kernel.yields_to == "avx512" and native.has("avx512"):
-        why = "this CPU has AVX-512, where PyTorch's own 16-wide kernels run"
-    if why is None and kernel.yields_to == "amx" and native.cpu_has_amx():
-        why = "this CPU has AMX, whose tiles oneDNN's matmul uses instead"
-    if why is None and kernel.yields_to == "amd_avx2" and not fused_linear.float32_available():
-        why = "it runs on AMD CPUs without AVX-512 only, where MKL's float32 products are slow"
-    return why
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) -> Tensor:

@@ -20,13 +20,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from . import fused_layer_norm, fused_residual, native
+from . import fused_layer_norm, fused_residual, native, registry
 
 
 def fusable(x: Tensor, branch: Tensor, norm: nn.Module) -> bool:
     """Whether `add_layer_norm(x, branch, norm)` may stand in for `s = x + branch; norm(s)` under bfloat16
     autocast, the norm's output cast to bfloat16: x float32, branch bfloat16, both contiguous, one shape."""
-    return fused_residual.fusable(x, branch) and fused_layer_norm.fusable(x, norm)  # the first: x float32
+    if not (fused_residual.fusable(x, branch) and fused_layer_norm.fusable(x, norm)):  # the first: x float32
+        return False
+    return registry.runnable("residual add + layer norm", torch.bfloat16, x, branch)
 
 
 class _AddLayerNorm(torch.autograd.Function):

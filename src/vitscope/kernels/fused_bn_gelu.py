@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from . import fused_gelu, native
+from . import fused_gelu, native, registry
 
 MAX_CHANNELS = 1024  # the kernels' stack buffers
 
@@ -51,9 +51,7 @@ def fusable(x: Tensor, bn: nn.Module, act: nn.Module) -> bool:
         return False  # nn.BatchNorm2d raises its own error for one value per channel
     if not batch_stats and _wants_grad(x, bn):
         return False  # eval mode with gradients (a frozen BatchNorm being fine-tuned through): the modules
-    if x.dtype == torch.float32:
-        return not native.has("avx512") and native.runnable(x, bn.weight, bn.bias, isa="avx2")
-    return native.runnable(x, bn.weight, bn.bias, isa="avx512_bf16")
+    return registry.runnable("batch norm + gelu", x.dtype, x, bn.weight, bn.bias)
 
 
 _FLOAT32 = {"vs_bn_stats": "vs_bn_stats_f32", "vs_bn_gelu_fwd": "vs_bn_gelu_f32_fwd",

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import fused_linear, linear_f32, native
+from . import fused_linear, native, registry
 
 
 def fusable(x: Tensor, conv: nn.Module) -> bool:
@@ -42,11 +42,11 @@ def fusable(x: Tensor, conv: nn.Module) -> bool:
     if x.dim() != 4 or x.shape[1] != conv.in_channels:
         return False
     if fused_linear.bfloat16_inputs(x, w):
-        if conv.in_channels % 32 or conv.out_channels % 32 or native.cpu_has_amx():
+        if conv.in_channels % 32 or conv.out_channels % 32:
             return False
-        return native.runnable(x, w, isa="avx512_bf16")
+        return registry.runnable("conv weight gradient", torch.bfloat16, x, w)
     if fused_linear.float32_inputs(x, w):
-        return conv.in_channels % 16 == 0 and fused_linear.float32_available() and linear_f32.usable(x, w)
+        return conv.in_channels % 16 == 0 and registry.runnable("conv weight gradient", torch.float32, x, w)
     return False
 
 

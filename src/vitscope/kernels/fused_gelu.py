@@ -41,9 +41,7 @@ def fusable(x: Tensor) -> bool:
         return False
     if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
         return False
-    if x.dtype == torch.float32:
-        return not native.has("avx512") and native.runnable(x, isa="avx2")
-    return native.runnable(x, isa="avx512_bf16")
+    return registry.runnable("gelu", x.dtype, x)
 
 
 def gelu_and_derivative(a: Tensor) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from . import native
+from . import native, registry
 
 
 def fusable(x: Tensor, norm: nn.Module) -> bool:
@@ -40,7 +40,7 @@ def fusable(x: Tensor, norm: nn.Module) -> bool:
         return False
     if norm.weight.dtype != torch.float32 or norm.bias.dtype != torch.float32 or not x.is_contiguous():
         return False
-    return native.runnable(x, norm.weight, norm.bias, isa="avx512_bf16")
+    return registry.runnable("layer norm", torch.bfloat16, x, norm.weight, norm.bias)
 
 
 class _LayerNorm(torch.autograd.Function):

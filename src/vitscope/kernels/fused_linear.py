@@ -20,7 +20,7 @@ records a graph. In float32 it is no faster where torch's float32 matmul is MKL'
 with AMX), but on AMD CPUs without AVX-512 MKL takes a generic path and oneDNN's float32 linear is faster
 forward and for the input gradient (`float32_fusable`, below); there vitscope's own AVX2 kernel
 (linear_f32.py) takes all three products, the weight and bias gradients too, where it runs. On CPUs with
-AVX512-BF16 and no AMX, vitscope's own product kernel (linear_kernel.py) takes the forward, the GELU
+AVX512-BF16 and no AMX, vitscope's own product kernel (linear_bf16.py) takes the forward, the GELU
 and the input gradient in place of oneDNN's where it runs (`product`, `input_grad`).
 
 Measurements: docs/performance.md, "Linear layers in bfloat16".
@@ -34,15 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.kernels import bf16, fused_gelu, linear_f32, linear_kernel, native, registry
+from vitscope.kernels import fused_gelu, linear_bf16, linear_f32, native, registry
 
 _KERNEL = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
 
-@functools.cache
 def available() -> bool:
-    """True where this build of torch has oneDNN's linear and the CPU runs it in bfloat16."""
-    return _KERNEL is not None and bf16.native_matmul("cpu")
+    """True where this build of torch has oneDNN's linear and the CPU runs it in bfloat16 (the registry's
+    "linear" kernel for bfloat16)."""
+    return registry.runs("linear", torch.bfloat16) is not None
 
 
 @functools.cache
@@ -52,11 +52,7 @@ def float32_available() -> bool:
     gᵀ x stays out of it (oneDNN's is slower there). Other CPUs keep F.linear: on a Xeon with AMX oneDNN
     measured no faster, and Intel's AVX2 parts and AMD's AVX-512 ones have not been measured
     (docs/performance.md, "Linear layers in float32 on AMD CPUs without AVX-512")."""
-
-    if _KERNEL is None or not torch.backends.mkldnn.is_available():
-        return False
-    flags = native.cpu_features()
-    return native.cpu_vendor() == "AuthenticAMD" and {"avx2", "fma"} <= flags and "avx512f" not in flags
+    return _KERNEL is not None and registry.onednn_linear() and registry.amd_without_avx512()
 
 
 def float32_fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -123,8 +119,7 @@ def _native_weight_grad(g: Tensor, x: Tensor) -> bool:
     (m, out), (_, inp) = g.shape, x.shape
     if g.stride(1) != 1 or x.stride(1) != 1 or m == 0 or out % 32 or inp % 64 or out * inp > NATIVE_WEIGHT_GRAD_MAX:
         return False
-    # where the CPU has AMX, oneDNN multiplies in its tiles, several times the vdpbf16ps kernel's peak
-    return not native.cpu_has_amx() and native.runnable(g, x, isa="avx512_bf16")
+    return registry.runnable("linear weight gradient", torch.bfloat16, g, x)
 
 
 def weight_grad(g: Tensor, x: Tensor) -> Tensor:
@@ -180,11 +175,11 @@ def _rows(x: Tensor) -> Tensor:
 
 def product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x (..., in) Wᵀ + b for bfloat16 tensors, or float32 ones on the float32 path: vitscope's kernel where
-    it runs (linear_kernel.py, linear_f32.py), else oneDNN's linear."""
+    it runs (linear_bf16.py, linear_f32.py), else oneDNN's linear."""
 
     x2 = _rows(x)
-    if linear_kernel.runnable(x2, weight, bias):
-        return linear_kernel.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if linear_bf16.runnable(x2, weight, bias):
+        return linear_bf16.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
     if x2.dtype == torch.float32 and linear_f32.runnable(x2, weight, bias):
         return linear_f32.forward(x2, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return _KERNEL(x, weight, bias, "none", [], "")
@@ -194,8 +189,8 @@ def input_grad(g: Tensor, weight: Tensor) -> Tensor:
     """g (M, out) W: (M, in), a linear layer's input gradient, in vitscope's kernel where it runs, else
     torch's matmul."""
 
-    if linear_kernel.runnable(g, weight, forward=False):
-        return linear_kernel.input_grad(g, weight)
+    if linear_bf16.runnable(g, weight, forward=False):
+        return linear_bf16.input_grad(g, weight)
     if g.dtype == torch.float32 and float32_available():
         if linear_f32.runnable(g, weight, forward=False):
             return linear_f32.input_grad(g, weight)
@@ -278,7 +273,7 @@ def float32_kernels() -> bool:
     """Whether the float32 path runs vitscope's AVX2 products here (`float32_available`, AVX2 and no AVX-512):
     asked while torch.compile traces, where `linear_f32.runnable` says no to everything."""
 
-    return float32_available() and native.has("avx2") and not native.has("avx512")
+    return float32_available() and registry.isa("linear", torch.float32) is not None
 
 
 # as native.has: Dynamo calls it while tracing and keeps the answer as a constant
@@ -329,9 +324,9 @@ def _linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     Elsewhere the epilogue, which applies GELU to the float32 sum before rounding."""
 
     x2 = _rows(x)
-    if linear_kernel.runnable(x2, weight, bias):
-        return linear_kernel.forward(x2, weight, bias, gelu=True).view(*x.shape[:-1], weight.shape[0])
-    if not native.runnable(x, isa="avx512_bf16"):
+    if linear_bf16.runnable(x2, weight, bias):
+        return linear_bf16.forward(x2, weight, bias, gelu=True).view(*x.shape[:-1], weight.shape[0])
+    if not registry.runnable("gelu", torch.bfloat16, x):
         return _KERNEL(x, weight, bias, "gelu", [], "none")
     return fused_gelu.gelu_(_KERNEL(x, weight, bias, "none", [], ""))
 

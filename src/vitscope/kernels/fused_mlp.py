@@ -7,7 +7,7 @@ table (fused_gelu.py), which writes h = gelu(a) and d = gelu'(a) in one pass, th
 a's gradient as (g W2) ∘ d straight out of oneDNN's matmul with a multiply in its epilogue
 (`_linear_pointwise.binary`), then the weight, bias and input gradients as addmm's backward computes
 them. So the step keeps h and d and not a, and skips the separate GELU backward (docs/performance.md,
-"The training MLP"). Where vitscope's product kernel runs (linear_kernel.py: AVX512-BF16, no AMX), it takes fc1 with the
+"The training MLP"). Where vitscope's product kernel runs (linear_bf16.py: AVX512-BF16, no AMX), it takes fc1 with the
 GELU lookup in its own pass, fc2, and both backward products, the multiply by d in its epilogue.
 
 On fused_linear's float32 path (AMD CPUs with AVX2 and no AVX-512) the same MLP runs in float32 on
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import fused_gelu, fused_linear, linear_f32, linear_kernel, native
+from . import fused_gelu, fused_linear, linear_bf16, linear_f32, registry
 
 _KERNEL = fused_linear._KERNEL
 
@@ -38,14 +38,14 @@ def fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | N
         return False
     if torch.compiler.is_compiling():
         if fused_linear.float32_inputs(x, w1, b1) and fused_linear.float32_inputs(x, w2, b2):
-            return fused_linear.float32_kernels() and _float32_widths(x, w1, b1, w2, b2)
+            return registry.isa("mlp", torch.float32) is not None and _float32_widths(x, w1, b1, w2, b2)
         return (_KERNEL is not None and hasattr(_KERNEL, "binary") and fused_linear.bfloat16_inputs(x, w1, b1)
-                and fused_linear.bfloat16_inputs(x, w2, b2) and native.has("avx512_bf16"))
+                and fused_linear.bfloat16_inputs(x, w2, b2) and registry.isa("mlp", torch.bfloat16) is not None)
     if x.dtype == torch.float32 and fused_linear.float32_fusable(x, w1, b1):
-        return _float32_fusable(x, w1, b1, w2, b2)
+        return _float32_fusable(x, w1, b1, w2, b2) and registry.runnable("mlp", torch.float32, x, w1, b1, w2, b2)
     if not (fused_linear.fusable(x, w1, b1) and fused_linear.fusable(x, w2, b2)):
         return False
-    return hasattr(_KERNEL, "binary") and native.runnable(x, w1, b1, w2, b2, isa="avx512_bf16")
+    return hasattr(_KERNEL, "binary") and registry.runnable("mlp", torch.bfloat16, x, w1, b1, w2, b2)
 
 
 def _float32_fusable(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> bool:
@@ -78,8 +78,8 @@ def _forward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | 
     x2 = x.reshape(-1, x.shape[-1])  # (M, in)
     if x2.dtype == torch.float32:
         h, d = linear_f32.forward_gelu(x2, w1, b1)  # (M, hidden) each, in the product's own pass
-    elif linear_kernel.runnable(x2, w1, b1):
-        h, d = linear_kernel.forward_gelu(x2, w1, b1)  # (M, hidden) each, from the product's own pass
+    elif linear_bf16.runnable(x2, w1, b1):
+        h, d = linear_bf16.forward_gelu(x2, w1, b1)  # (M, hidden) each, from the product's own pass
     else:
         h, d = fused_gelu.gelu_and_derivative(_KERNEL(x2, w1, b1, "none", [], ""))  # (M, hidden) each
     y = fused_linear.product(h, w2, b2)  # (M, out)
@@ -99,8 +99,8 @@ def _backward(g: Tensor, x: Tensor, w1: Tensor, w2: Tensor, h: Tensor, d: Tensor
     if need_x or need_w1 or need_b1:
         if g.dtype == torch.float32:
             ga = linear_f32.input_grad(g, w2, mul=d)  # (g W2) ∘ gelu'(a): (M, hidden)
-        elif linear_kernel.runnable(g, w2, forward=False):
-            ga = linear_kernel.input_grad(g, w2, mul=d)  # (g W2) ∘ gelu'(a): (M, hidden)
+        elif linear_bf16.runnable(g, w2, forward=False):
+            ga = linear_bf16.input_grad(g, w2, mul=d)  # (g W2) ∘ gelu'(a): (M, hidden)
         else:
             ga = _KERNEL.binary(g, d, w2.t(), None, "mul")  # the same in oneDNN; W2ᵀ as a view
         if need_x:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import native
+from . import native, registry
 
 
 def fusable(x: Tensor, y: Tensor) -> bool:
@@ -24,7 +24,7 @@ def fusable(x: Tensor, y: Tensor) -> bool:
         return False
     if x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()):
         return False
-    return native.runnable(x, y, isa="avx512_bf16")
+    return registry.runnable("residual add", torch.bfloat16, x, y)
 
 
 class _Add(torch.autograd.Function):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import native
+from . import native, registry
 
 
 def _matrix(t: Tensor) -> bool:
@@ -24,9 +24,9 @@ def _matrix(t: Tensor) -> bool:
 
 
 def usable(*tensors: Tensor | None) -> bool:
-    """The AVX2 kernels may run on these tensors now, and the CPU has no AVX-512 (whose 16-wide kernels in MKL
-    and oneDNN this 8-wide one would not beat)."""
-    return native.runnable(*tensors, isa="avx2") and not native.has("avx512")
+    """The AVX2 kernels may run on these tensors now: the registry's float32 "linear" runs here (AMD CPUs with
+    AVX2 and no AVX-512, whose 16-wide kernels in MKL and oneDNN this 8-wide one would not beat)."""
+    return registry.runnable("linear", torch.float32, *tensors)
 
 
 def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool = True) -> bool:

@@ -26,9 +26,9 @@ torch.func.
 Under torch.compile the models' path (`attend_qkv`, from the fused qkv projection) runs as the custom
 op `vitscope::qkv_attention`, which the compiled graph keeps; `attend` on separate q, k and v leaves
 compiled graphs to PyTorch's kernels. Everything else, and every machine where the kernels cannot be
-built or run (`why_not(dtype)` says why), keeps PyTorch's kernels. The backward is not itself differentiable
-(double backward raises). Tests hold outputs and gradients to float64 as close as PyTorch's own
-paths in the same dtype.
+built or run (`registry.why_none("attention", dtype)` says why), keeps PyTorch's kernels. The backward is
+not itself differentiable (double backward raises). Tests hold outputs and gradients to float64 as close
+as PyTorch's own paths in the same dtype.
 """
 
 from __future__ import annotations
@@ -38,21 +38,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import native
+from . import native, registry
 
 MAX_KEYS = 256
 MAX_HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
-class Kernel:
-    """One build of the kernels: the instruction set it needs, the head-dim multiple it takes, its
-    forward and backward functions in the native library, and whether they take any number of
-    queries and keys (past MAX_KEYS, flash attention's online softmax over key blocks forward and its
+class AttentionBuild:
+    """What the code needs to know about one instruction set's build of the kernels: the head-dim multiple
+    it takes, its forward and backward functions in the native library, and whether they take any number
+    of queries and keys (past MAX_KEYS, flash attention's online softmax over key blocks forward and its
     blockwise backward) or at most MAX_KEYS keys (and MAX_KEYS queries where gradients are needed), and
-    past how many keys an inference forward is left to PyTorch's kernel, where that was measured faster."""
+    past how many keys an inference forward is left to PyTorch's kernel, where that was measured faster.
+    Which build runs for a dtype is the registry's decision (registry.py, "attention")."""
 
-    isa: str
     head_dim_multiple: int
     forward: str
     backward: str
@@ -65,39 +65,32 @@ class Kernel:
 # this many keys stay PyTorch's, since at parity nothing is gained by leaving it.
 AVX2_FLOAT32_INFERENCE_MAX_KEYS = 768
 
-# Per dtype, the builds in order of preference: the first whose instruction set this CPU has runs.
-KERNELS = {torch.float32: (Kernel("avx512", 16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
-                           Kernel("avx2", 8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd", any_length=True,
-                  inference_max_keys=AVX2_FLOAT32_INFERENCE_MAX_KEYS)),
-           torch.bfloat16: (Kernel("amx", 32, "vs_attention_fwd", "vs_attention_bwd", any_length=True),
-                            Kernel("avx512_bf16", 32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd",
-                                   any_length=True))}
+# Each instruction set's build (the dtype it takes is the registry entry's).
+BUILDS = {"avx512": AttentionBuild(16, "vs_attention_f32_fwd", "vs_attention_f32_bwd"),
+          "avx2": AttentionBuild(8, "vs_attention_f32_avx2_fwd", "vs_attention_f32_avx2_bwd", any_length=True,
+                                 inference_max_keys=AVX2_FLOAT32_INFERENCE_MAX_KEYS),
+          "amx": AttentionBuild(32, "vs_attention_fwd", "vs_attention_bwd", any_length=True),
+          "avx512_bf16": AttentionBuild(32, "vs_attention_bf16_fwd", "vs_attention_bf16_bwd", any_length=True)}
 
 
-def kernel_for(dtype: torch.dtype) -> Kernel | None:
-    """The build that runs `dtype` here, or None where none can (`why_not` says why)."""
-    builds = KERNELS.get(dtype, ())
-    return next((k for k in builds if native.has(k.isa)), None)
-
-
-def why_not(dtype: torch.dtype) -> str | None:
-    """Why no kernel runs `dtype` here, or None when one does."""
-    builds = KERNELS.get(dtype, ())
-    if not builds:
-        return f"vitscope has no attention kernel for {dtype}"
-    if kernel_for(dtype) is not None:
-        return None
-    return "; ".join(f"{k.isa}: {native.why_not(k.isa)}" for k in builds)
+def build_for(dtype: torch.dtype) -> tuple[str, AttentionBuild] | None:
+    """(instruction set, build) of the kernels that run `dtype` here, as the registry decided, or None where
+    none can (`registry.why_none("attention", dtype)` says why)."""
+    isa = registry.isa("attention", dtype)
+    return None if isa is None else (isa, BUILDS[isa])
 
 
 def _wants_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def _fits(q: Tensor, k: Tensor, v: Tensor) -> Kernel | None:
-    """The build that takes q (B, H, Nq, D), k and v (B, H, Nk, D) here, or None."""
-    kernel = kernel_for(q.dtype)
-    if kernel is None or not all(t.device.type == "cpu" and t.dtype == q.dtype and t.layout == torch.strided
+def _fits(q: Tensor, k: Tensor, v: Tensor) -> tuple[str, AttentionBuild] | None:
+    """(instruction set, build) that takes q (B, H, Nq, D), k and v (B, H, Nk, D) here, or None."""
+    chosen = build_for(q.dtype)
+    if chosen is None:
+        return None
+    kernel = chosen[1]
+    if not all(t.device.type == "cpu" and t.dtype == q.dtype and t.layout == torch.strided
                                  and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
         return None
     b, h, nq, d = q.shape
@@ -110,20 +103,21 @@ def _fits(q: Tensor, k: Tensor, v: Tensor) -> Kernel | None:
         return None
     if kernel.inference_max_keys is not None and nk > kernel.inference_max_keys and not _wants_grad(q, k, v):
         return None
-    return kernel
+    return chosen
 
 
 def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether `attend(q, k, v)` may run the kernels: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
-    kernel = _fits(q, k, v)
-    return kernel is not None and native.runnable(q, k, v, isa=kernel.isa)
+    chosen = _fits(q, k, v)
+    return chosen is not None and native.runnable(q, k, v, isa=chosen[0])
 
 
 def _kernel(dtype: torch.dtype, backward: bool):
-    kernel = kernel_for(dtype)
-    if kernel is None:
-        raise RuntimeError(f"vitscope's {dtype} attention kernels are not available here: {why_not(dtype)}")
-    return getattr(native.library(), kernel.backward if backward else kernel.forward)
+    chosen = build_for(dtype)
+    if chosen is None:
+        raise RuntimeError(f"vitscope's {dtype} attention kernels are not available here: "
+                           f"{registry.why_none('attention', dtype)}")
+    return getattr(native.library(), chosen[1].backward if backward else chosen[1].forward)
 
 
 def _strides(*ts: Tensor) -> Tensor:

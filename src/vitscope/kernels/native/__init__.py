@@ -9,7 +9,7 @@ parts), the other for AVX-512 alone (any AVX-512 CPU: Intel since Skylake-SP, AM
 bfloat16 GELU, LayerNorm and residual kernels and one build of the bfloat16 attention for AVX-512 with
 its bfloat16 extension (AMD since Zen 4, Intel since Cooper Lake), the other build of the bfloat16
 attention for AMX. The library loads where the CPU has the first; `has(isa)` says whether a kernel of
-that set may run, and `why_not(isa)` why not.
+that set may run, and `unavailable(isa)` why not.
 
 A build goes to `$VITSCOPE_CACHE/native` (else `$XDG_CACHE_HOME/vitscope/native`, else
 `~/.cache/vitscope/native`), named by a hash of the source, the compiler and its flags, so an edited
@@ -73,8 +73,10 @@ def cache_dir() -> Path:
     return cache_root() / "native"
 
 
+@functools.cache
 def _cpuinfo(field: str) -> str:
-    """The first processor's `field` in /proc/cpuinfo (empty where there is none)."""
+    """The first processor's `field` in /proc/cpuinfo (empty where there is none), read once: a read costs
+    0.1-0.6 ms, which a question asked on every call would pay many times a step."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -89,7 +91,7 @@ def isa_cap() -> str | None:
     """The highest instruction set `VITSCOPE_ISA` lets the kernels use (a key of ISAS), or None for no cap.
 
     Capping lets an AVX-512 or AMX machine run, and so test, the kernels written for a smaller set. A value
-    that names no set caps nothing here; `why_not()` then says the kernels are off and why."""
+    that names no set caps nothing here; `unavailable()` then says the kernels are off and why."""
     cap = os.environ.get("VITSCOPE_ISA", "").strip().lower()
     return cap if cap in ISAS else None
 
@@ -293,7 +295,7 @@ def _load() -> ctypes.CDLL | None:
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None where they cannot run here (see `why_not`)."""
+    """The loaded kernels, or None where they cannot run here (see `unavailable`)."""
     with _LOCK:
         return _load()
 
@@ -334,7 +336,7 @@ def runnable(*tensors, isa: str) -> bool:
     return has(isa)
 
 
-def why_not(isa: str | None = None) -> str | None:
+def unavailable(isa: str | None = None) -> str | None:
     """Why the library did not load (or, given `isa`, why that instruction set's kernels cannot run);
     None when they can."""
     if library() is None:

@@ -1,4 +1,4 @@
-"""vitscope/kernels/linear_kernel.py (native/linear.c): a linear layer's bfloat16 products, forward (with the bias, and
+"""vitscope/kernels/linear_bf16.py (native/linear.c): a linear layer's bfloat16 products, forward (with the bias, and
 with GELU and its derivative looked up in the same pass) and its input gradient (with the multiply by GELU's
 derivative), against float64 and against oneDNN's linear and torch's matmul (the references we did not
 write); and where the model's layers call it."""
@@ -9,15 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitscope.kernels import fused_gelu, fused_linear, linear_kernel, native
+from vitscope.kernels import fused_gelu, fused_linear, linear_bf16, native, registry
 from vitscope.models import create_model
 
 BF = torch.bfloat16
 
-needs_kernel = pytest.mark.skipif(
-    not native.has("avx512_bf16") or native.cpu_has_amx(),
-    reason="vitscope's linear kernel runs with AVX512-BF16 and without AMX: "
-           f"{native.why_not('avx512_bf16') or 'this CPU has AMX'}")
+needs_kernel = pytest.mark.skipif(registry.runs("linear product", BF) is None,
+                                  reason="vitscope's linear kernel runs with AVX512-BF16 and without AMX: "
+                                         f"{registry.why_none('linear product', BF)}")
 
 
 def _t(*shape, seed=0, scale=1.0):
@@ -51,7 +50,7 @@ def test_forward_is_the_float64_product_rounded_once(m, k, n, bias):
     x, w = _t(m, k), _t(n, k, seed=1)
     b = _t(n, seed=2, scale=3.0) if bias else None
     exact = F.linear(x.double(), w.double(), None if b is None else b.double())
-    ours = linear_kernel.forward(x, w, b)
+    ours = linear_bf16.forward(x, w, b)
     _close_as_onednn(ours, exact, F.linear(x, w, b))
 
 
@@ -62,7 +61,7 @@ def test_input_gradient_is_the_float64_product_rounded_once(m, k, n):
     g, w = _t(m, n), _t(n, k, seed=1)
     if n % 2:
         pytest.skip("the input gradient's reduction (the layer's outputs) must be even")
-    ours = linear_kernel.input_grad(g, w)
+    ours = linear_bf16.input_grad(g, w)
     _close_as_onednn(ours, g.double() @ w.double(), g @ w)
 
 
@@ -71,7 +70,7 @@ def test_input_gradient_is_the_float64_product_rounded_once(m, k, n):
 def test_input_gradient_times_gelus_derivative_rounds_once(m, k, n):
     """fc2's backward: (g W2) ∘ d rounded once, as oneDNN's matmul with a multiply in its epilogue."""
     g, w, d = _t(m, n), _t(n, k, seed=1), _t(m, k, seed=2)
-    ours = linear_kernel.input_grad(g, w, mul=d)
+    ours = linear_bf16.input_grad(g, w, mul=d)
     exact = (g.double() @ w.double()) * d.double()
     onednn = torch.ops.mkldnn._linear_pointwise.binary(g, d, w.t(), None, "mul")
     _close_as_onednn(ours, exact, onednn)
@@ -83,11 +82,11 @@ def test_gelu_in_the_same_pass_is_the_tables(m, k, n):
     """GELU and its derivative looked up from the rounded sums: the same bits as the table's own pass over
     the kernel's plain output, and close to float64's GELU of the exact product."""
     x, w, b = _t(m, k), _t(n, k, seed=1), _t(n, seed=2)
-    a = linear_kernel.forward(x, w, b)
-    h, d = linear_kernel.forward_gelu(x, w, b)
+    a = linear_bf16.forward(x, w, b)
+    h, d = linear_bf16.forward_gelu(x, w, b)
     h_table, d_table = fused_gelu.gelu_and_derivative(a)
     assert torch.equal(h, h_table) and torch.equal(d, d_table)
-    assert torch.equal(linear_kernel.forward(x, w, b, gelu=True), h)
+    assert torch.equal(linear_bf16.forward(x, w, b, gelu=True), h)
     exact = F.gelu(F.linear(x.double(), w.double(), b.double()))
     torch.testing.assert_close(h.double(), exact, rtol=2 ** -7, atol=2 ** -7 * exact.abs().max().item())
 
@@ -101,7 +100,7 @@ def test_strided_rows_and_nonfinite_values():
     assert x.stride() == (200, 1)
     x[3, 5] = float("nan")
     x[7, 0] = float("inf")
-    ours = linear_kernel.forward(x, w)
+    ours = linear_bf16.forward(x, w)
     exact = F.linear(x.double(), w.double())
     assert torch.isnan(ours[3]).all() and not torch.isfinite(ours[7]).any()
     finite = [i for i in range(40) if i not in (3, 7)]
@@ -111,23 +110,25 @@ def test_strided_rows_and_nonfinite_values():
 def test_runnable_takes_only_what_the_kernel_handles(monkeypatch):
     x, w = _t(8, 128), _t(64, 128)
     if not native.has("avx512_bf16"):
-        assert not linear_kernel.runnable(x, w)
+        assert not linear_bf16.runnable(x, w)
         return
+    monkeypatch.setattr(registry, "_decided", None)  # decided again with the CPU below; the test's end restores it
     monkeypatch.setattr(native, "cpu_has_amx", lambda: False)
-    assert linear_kernel.runnable(x, w, _t(64))
-    assert linear_kernel.runnable(_t(8, 64), w, forward=False)       # the input gradient: k = out
-    assert not linear_kernel.runnable(x.float(), w)                  # bfloat16 only
-    assert not linear_kernel.runnable(_t(8, 127), _t(64, 127))       # an odd reduction
-    assert not linear_kernel.runnable(_t(128, 8).t(), w)             # columns not at unit stride
-    assert not linear_kernel.runnable(_t(0, 128), w)                 # no rows
-    assert linear_kernel.runnable(_t(8, 1536), _t(384, 1536))        # ViT-S/16's fc2
-    assert not linear_kernel.runnable(_t(8, 8192), _t(64, 8192))     # longer than MAX_K
+    assert linear_bf16.runnable(x, w, _t(64))
+    assert linear_bf16.runnable(_t(8, 64), w, forward=False)       # the input gradient: k = out
+    assert not linear_bf16.runnable(x.float(), w)                  # bfloat16 only
+    assert not linear_bf16.runnable(_t(8, 127), _t(64, 127))       # an odd reduction
+    assert not linear_bf16.runnable(_t(128, 8).t(), w)             # columns not at unit stride
+    assert not linear_bf16.runnable(_t(0, 128), w)                 # no rows
+    assert linear_bf16.runnable(_t(8, 1536), _t(384, 1536))        # ViT-S/16's fc2
+    assert not linear_bf16.runnable(_t(8, 8192), _t(64, 8192))     # longer than MAX_K
     # sizes that do not match go to oneDNN, whose error names them
-    assert not linear_kernel.runnable(_t(8, 96), w)
-    assert not linear_kernel.runnable(x, w, forward=False)
-    assert not linear_kernel.runnable(x, w, _t(63))
+    assert not linear_bf16.runnable(_t(8, 96), w)
+    assert not linear_bf16.runnable(x, w, forward=False)
+    assert not linear_bf16.runnable(x, w, _t(63))
     monkeypatch.setattr(native, "cpu_has_amx", lambda: True)
-    assert not linear_kernel.runnable(x, w)                          # oneDNN's AMX tiles are faster
+    registry.decide()
+    assert not linear_bf16.runnable(x, w)                          # oneDNN's AMX tiles are faster
 
 
 def test_a_mismatched_input_keeps_torchs_error():
@@ -139,7 +140,7 @@ def test_a_mismatched_input_keeps_torchs_error():
 
 def _train_grads(model, x, y, use_kernel, monkeypatch):
     if not use_kernel:
-        monkeypatch.setattr(linear_kernel, "runnable", lambda *a, **k: False)
+        monkeypatch.setattr(linear_bf16, "runnable", lambda *a, **k: False)
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=BF):
         loss = F.cross_entropy(model(x), y)
@@ -157,13 +158,13 @@ def test_a_vit_training_step_calls_it_and_gets_onednns_gradients(monkeypatch):
     model = create_model("vit_tiny_patch4_28", depth=2, mlp_ratio=4.0, kernels=True)
     x, y = torch.randn(6, 1, 28, 28), torch.randint(0, 10, (6,))
     seen = []
-    real = linear_kernel._call
+    real = linear_bf16._call
 
     def counting(x_, k, w, weight_rows, n, bias, mul, gelu=False, derivative=False):
         seen.append(("forward" if weight_rows else "input grad", k, n, mul is not None, gelu, derivative))
         return real(x_, k, w, weight_rows, n, bias, mul, gelu, derivative)
 
-    monkeypatch.setattr(linear_kernel, "_call", counting)
+    monkeypatch.setattr(linear_bf16, "_call", counting)
     loss, grads = _train_grads(model, x, y, True, monkeypatch)
     assert ("forward", 128, 384, False, False, False) in seen          # qkv
     assert ("forward", 128, 512, False, True, True) in seen            # fc1 with gelu and gelu'
@@ -187,6 +188,6 @@ def test_vit_s_inference_logits_agree_with_onednns(monkeypatch):
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF):
         ours = model(x).float()
-        monkeypatch.setattr(linear_kernel, "runnable", lambda *a, **k: False)
+        monkeypatch.setattr(linear_bf16, "runnable", lambda *a, **k: False)
         ref = model(x).float()
     assert (ours - ref).abs().max().item() <= 0.03 * ref.abs().max().item()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import native
+from . import native, registry
 
 MAX_K = 4096  # the longest reduction the kernel takes: measured up to 1536 (ViT-S/16's fc2)
 
@@ -35,7 +35,7 @@ def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool 
         return False
     if x.stride(1) != 1 or w.stride(1) != 1 or k % 2 or not 0 < k <= MAX_K or x.shape[0] == 0:
         return False
-    return not native.cpu_has_amx() and native.runnable(x, w, bias, isa="avx512_bf16")
+    return registry.runnable("linear product", torch.bfloat16, x, w, bias)
 
 
 def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None,
@@ -47,7 +47,7 @@ def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor 
     b = None if bias is None else bias.float().contiguous()
     if mul is not None:
         if mul.shape != (m, n):
-            raise ValueError(f"linear_kernel: the multiplier is {tuple(mul.shape)}, the product ({m}, {n})")
+            raise ValueError(f"linear_bf16: the multiplier is {tuple(mul.shape)}, the product ({m}, {n})")
         if mul.dtype != torch.bfloat16 or mul.stride(1) != 1:
             mul = mul.to(torch.bfloat16).contiguous()
     native.library().vs_linear_bf16(
