@@ -382,3 +382,11 @@ def test_a_caption_dataset_without_the_caption_task_says_how(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "captioning dataset" in err and "--task caption" in err, err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", [["models"], ["train", "--dataset", "digits"], ["data", "list"]])
+def test_an_instruction_set_cap_that_names_none_is_refused_by_every_command(command, monkeypatch, capsys):
+    monkeypatch.setenv("VITSCOPE_ISA", "bogus")
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "VITSCOPE_ISA='bogus'" in err and "avx2" in err, err

@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         raise
     _plain_warnings(f"vitscope {args.command}")
+    from vitscope.kernels.native import bad_isa_cap
+
+    if bad_isa_cap():  # a mistyped cap would turn every kernel off without a word
+        print(f"vitscope {args.command}: error: {bad_isa_cap()}", file=sys.stderr)
+        return EXIT_USAGE
     if args.command in ("eval", "predict", "explain"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
         # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train --keep-freed-memory true` asks for it

@@ -96,7 +96,7 @@ def isa_cap() -> str | None:
     return cap if cap in ISAS else None
 
 
-def _bad_cap() -> str | None:
+def bad_isa_cap() -> str | None:
     cap = os.environ.get("VITSCOPE_ISA", "").strip()
     if cap and cap.lower() not in ISAS:
         return f"VITSCOPE_ISA={cap!r} names no instruction set: use one of {', '.join(ISAS)}, or unset it"
@@ -212,8 +212,8 @@ def _lacking(isa: str) -> str | None:
 def _unavailable() -> str | None:
     if os.environ.get("VITSCOPE_NATIVE", "1").strip().lower() in ("0", "no", "off", "false"):
         return "switched off by VITSCOPE_NATIVE=0"
-    if _bad_cap():
-        return _bad_cap()
+    if bad_isa_cap():
+        return bad_isa_cap()
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels are for Linux on x86-64, not {platform.system()} on {platform.machine()}"
     lacking = _lacking("avx2")
