@@ -160,3 +160,17 @@ def test_init_weights_none_and_another_encoder_drop_the_presets_starting_weights
         cfg = build_train_config(build_parser().parse_args(["train", "--preset", "caption_quick", *flags]))
         assert cfg.init_weights == want, flags
     assert cfg.clip_grad is None  # `--flag none` overrides a preset's value (it used to read as not given)
+
+
+@pytest.mark.parametrize("setting,words", [
+    ("dim=-5", ["dim", "at least 1", "-5"]), ("num_heads=0", ["num_heads", "at least 1"]),
+    ("dim=abc", ["dim", "whole number", "abc"]), ("mlp_ratio=NaN", ["mlp_ratio", "finite"]),
+    ("depth=0", ["depth", "at least 1"]), ("memory_pos=maybe", ["memory_pos", "true or false", "maybe"]),
+    ("drop=1.5", ["drop", "[0, 1)"]), ("dim=102", ["dim (102)", "num_heads (4)"]),
+])
+def test_decoder_fields_are_checked_by_type_and_range_before_any_work(tmp_path, capsys, setting, words):
+    out = tmp_path / "run"
+    code = main(["train", "--task", "caption", "--init-weights", "none", "--decoder-set", setting, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and all(w in err for w in words), err
+    assert not out.exists()  # refused before the folder was made: the same --out works once corrected

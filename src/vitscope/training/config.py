@@ -8,6 +8,7 @@ ValueError that names the field, the value and the range, so `vitscope train` ca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -213,6 +214,31 @@ def _check_ranges(cfg: TrainConfig) -> None:
                               f"(vitscope train --task caption --dataset {cfg.dataset} ...)")
 
 
+def _check_decoder_args(given: dict, config) -> None:
+    """Each decoder field of its type and range, before any work: sizes and counts at least 1, dropout a
+    probability, other numbers finite and not negative; the width divisible by the heads."""
+    import typing
+
+    from vitscope.fields import type_name, type_ok
+
+    hints = typing.get_type_hints(config)
+    for name, value in given.items():
+        tp = hints[name]
+        if not type_ok(value, tp):
+            raise ConfigError(f"decoder field {name} must be {type_name(tp)}, got {value!r}")
+        if tp is int and value < 1:
+            raise ConfigError(f"decoder field {name} must be at least 1, got {value}")
+        if tp is float:
+            high = 1.0 if name == "drop" else math.inf
+            _finite(f"decoder field {name}", value, low=0, high=high, high_open=True,
+                    low_open=name in ("mlp_ratio",))
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    args = {**defaults, **given}
+    if "num_heads" in args and args["dim"] % args["num_heads"]:
+        raise ConfigError(f"decoder field dim ({args['dim']}) must divide into num_heads ({args['num_heads']}) "
+                          f"equal heads")
+
+
 def _check_caption(cfg: TrainConfig) -> None:
     """What a captioning run needs: a caption dataset, decoder fields its captioner has, and no augmentation
     that would move what the captions name (a mirror image swaps left and right)."""
@@ -234,6 +260,7 @@ def _check_caption(cfg: TrainConfig) -> None:
     if unknown:
         raise ConfigError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.captioner} captioner; choose "
                          f"from {', '.join(sorted(own))} (max_len and label_smoothing are training fields)")
+    _check_decoder_args(cfg.decoder_args, config)
     a = cfg.augment
     moved = [name for name, on in (("flip", a.flip), ("crop rrc", a.crop == "rrc"), ("mixup", a.mixup_alpha > 0),
                                    ("cutmix", a.cutmix_alpha > 0), ("eval_flip", cfg.eval_flip),
