@@ -148,7 +148,9 @@ def caption_lstm_quick() -> TrainConfig:
     decoder alone, Muon at 1.5e-3 left the alignment at chance (24% of item words peaking in their cell,
     teacher-forced; 39% greedy item accuracy) where AdamW at 1e-3 reached 75% and 64%
     (`python benchmarks/caption_lstm_study.py frozen`, 3,000 training scenes, 200 test scenes). The
-    regulariser keeps the paper's weight against the per-word cross-entropy (ShowAttendTell.memory_losses).
+    regulariser keeps the paper's weight against the per-word cross-entropy (ShowAttendTell.memory_losses):
+    in the same experiment (AdamW) it gave 68% greedy item accuracy and 82% grounding, where the former weight,
+    18x the paper's, gave 50% and 56%, and the conv stem's grid as memory 63% and 86%.
     Not yet measured end to end on a quiet machine: on a 2-core EPYC shared with other jobs the run reached
     step 142 of 312 in 15 minutes, where beam 5 named 20% of the items in 500 test scenes and the alignment
     peaked in the right cell for 41% of item words (chance 25%).
