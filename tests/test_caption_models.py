@@ -122,15 +122,133 @@ def _step_logits(model, memory, padding):
     return logits
 
 
-def test_doubly_stochastic_regulariser():
+def test_loss_is_the_papers_objective_per_word():
+    """Xu et al. eq. 14 written plainly, caption by caption: -sum_t log p(y_t) + lambda * sum_i (1 - sum_t
+    alpha_ti)^2, summed over the batch and divided by its real target words."""
     model, x = tiny("lstm"), images()
+    model.config.attention_reg = 0.7
     with torch.no_grad():
-        _, alphas = model(x, TOKENS)
-        real = (TOKENS[:, 1:] != PAD).float()[..., None]
-        want = ((1 - (alphas * real).sum(1)) ** 2).sum(1).mean() * model.config.attention_reg
+        logits, alphas = model(x, TOKENS)  # the step-by-step reference, every step run
+        total, words = 0.0, 0
+        for b in range(len(TOKENS)):
+            coverage = torch.zeros(alphas.shape[-1])
+            for t in range(TOKENS.shape[1] - 1):
+                target = int(TOKENS[b, t + 1])
+                if target == PAD:
+                    continue
+                total -= float(F.log_softmax(logits[b, t], -1)[target])
+                coverage += alphas[b, t]
+                words += 1
+            total += 0.7 * float(((1 - coverage) ** 2).sum())
         terms = model.losses(x, TOKENS)
-        torch.testing.assert_close(terms["attention_reg"], want)
-        torch.testing.assert_close(terms["loss"], terms["xent"] + terms["attention_reg"])
+    assert float(terms["loss"]) == pytest.approx(total / words, rel=1e-5)
+    assert float(terms["xent"] + terms["attention_reg"]) == pytest.approx(total / words, rel=1e-5)
+
+
+def _ragged_tokens(b: int, t: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t - 1, (b,), generator=g)  # words before <eos>
+    tokens = torch.full((b, t), PAD)
+    tokens[:, 0] = BOS
+    for i, n in enumerate(lengths.tolist()):
+        tokens[i, 1:n + 1] = torch.randint(4, VOCAB, (n,), generator=g)
+        tokens[i, n + 1] = EOS
+    return tokens[:, : int(lengths.max()) + 2]
+
+
+@pytest.mark.parametrize("padded_memory", [False, True])
+def test_packed_steps_give_the_masked_loss_and_its_gradients(padded_memory):
+    """Training runs each caption only to its end (rows sorted by length, the batch shrinking); the loss and
+    every gradient must equal those of running every row for the longest caption's steps."""
+    model, x = tiny("lstm").train(), images(5, seed=3)
+    tokens = _ragged_tokens(5, MAX_LEN, seed=4)
+    padding = None
+    if padded_memory:
+        padding = torch.zeros(5, 5, dtype=torch.bool)
+        padding[1, 2:] = True
+
+    def masked_reference():
+        logits, alphas = model.teacher_forced(model.encode(x), tokens, memory_padding=padding)
+        targets = tokens[:, 1:]
+        real = targets != PAD
+        xent = F.cross_entropy(logits[real], targets[real])
+        coverage = (alphas * real[..., None]).sum(1)
+        gap = (1 - coverage) ** 2
+        if padding is not None:
+            gap = gap.masked_fill(padding, 0.0)
+        return xent + model.config.attention_reg * gap.sum() / real.sum()
+
+    names = [n for n, p in model.named_parameters()]
+    model.zero_grad()
+    want = masked_reference()
+    want.backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    got = model.losses(x, tokens, memory_padding=padding)["loss"]
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for name, p, g in zip(names, model.parameters(), want_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_alignment_finds_the_one_token_that_holds_the_answer():
+    """The decoder alone on a synthetic memory: 16 noise tokens, one of which carries one of 3 words' vectors;
+    the caption is that word. Trained briefly, the alignment of the word's step must peak on that token."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    n, d = 16, 16
+    model = ShowAttendTell(ShowAttendTellConfig(
+        vocab_size=VOCAB, encoder=EncoderSpec("vit_tiny_patch4_28", dict(depth=1, embed_dim=d, num_heads=2)),
+        embed_dim=16, hidden_dim=32, attn_dim=16, max_len=MAX_LEN, drop=0.0, attention_reg=1.0))
+    words = torch.randn(3, d, generator=g) * 2
+
+    def batch(b):
+        k, pos = torch.randint(0, 3, (b,), generator=g), torch.randint(0, n, (b,), generator=g)
+        memory = torch.randn(b, n, d, generator=g)
+        memory[torch.arange(b), pos] += words[k]
+        return memory, torch.stack([torch.full((b,), BOS), 4 + k, torch.full((b,), EOS)], 1), pos
+
+    opt = torch.optim.Adam([p for name, p in model.named_parameters() if not name.startswith("encoder.")], lr=3e-3)
+    for _ in range(150):
+        memory, tokens, _ = batch(64)
+        opt.zero_grad()
+        model.memory_losses(memory, tokens)["loss"].backward()
+        opt.step()
+    with torch.no_grad():
+        memory, tokens, pos = batch(500)
+        logits, alphas = model.teacher_forced(memory, tokens)
+    assert (logits[:, 0].argmax(-1) == tokens[:, 1]).float().mean() > 0.95
+    assert (alphas[:, 0].argmax(-1) == pos).float().mean() > 0.9  # chance: 1 in 16
+
+
+def test_stem_memory_is_the_patch_grid_in_the_scenes_cell_order():
+    """memory="stem": the patch embedding's grid before any block, normalised, no class token; a patch lit
+    alone moves only its own token, and that token lies in the lit cell (metrics.peak_cells)."""
+    from vitscope.caption.metrics import peak_cells
+
+    torch.manual_seed(0)
+    enc = EncoderSpec("vit_tiny_patch4_28", dict(depth=1, embed_dim=16, num_heads=2, img_size=8, patch_size=4))
+    model = ShowAttendTell(ShowAttendTellConfig(vocab_size=VOCAB, encoder=enc, embed_dim=16, hidden_dim=16,
+                                                attn_dim=8, max_len=MAX_LEN, memory="stem")).eval()
+    assert model.num_prefix_tokens == 0
+    blank = torch.zeros(1, 1, 8, 8)
+    with torch.no_grad():
+        x = images()
+        conv = model.encoder.patch_embed.proj(x).flatten(2).transpose(1, 2)  # (B, 4, 16) row-major, as torch lays it
+        torch.testing.assert_close(model.encode(x), F.layer_norm(conv, (16,)))
+        for cell, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+            lit = blank.clone()
+            lit[..., 4 * r:4 * r + 4, 4 * c:4 * c + 4] = 3.0
+            moved = (model.encode(lit) - model.encode(blank)).norm(dim=-1)[0]  # (4,)
+            assert int((moved > 1e-6).sum()) == 1
+            assert int(peak_cells(moved, model.grid, (8, 8), 2)) == cell
+
+
+def test_config_refuses_an_unknown_memory_in_one_line():
+    from vitscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="memory must be one of tokens, stem, got 'pixels'"):
+        ShowAttendTellConfig(vocab_size=VOCAB, memory="pixels")
 
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])

@@ -13,10 +13,15 @@ embedding with that context:
 h_0 and c_0 come from the mean image token through two linear layers (eq. 5). Training adds the
 paper's doubly stochastic attention regulariser, lambda * sum_i (1 - sum_t alpha_ti)^2 (eq. 14),
 which pushes every image token to be looked at over the caption; sums run over the real caption
-steps (not pads) and the real image tokens.
+steps (not pads) and the real image tokens, and it keeps the paper's weight against the words'
+negative log-likelihood (`memory_losses`).
+
+The memory a_i is the encoder's tokens after its last block, or with `memory="stem"` its patch grid
+before any block, the local features the paper's CNN gives (caption/encoder.py).
 
 Unlike the transformer, the recurrence runs step by step in training too; `forward` and decoding
-call the same `_step`, so teacher-forced logits equal the decoder's step-by-step logits.
+call the same `_step`, so teacher-forced logits equal the decoder's step-by-step logits. Training
+(`packed`) runs each caption only to its own end.
 """
 
 from __future__ import annotations
@@ -29,15 +34,18 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import AdditiveAttention
-from vitscope.caption.transformer import (
+from vitscope.caption.encoder import (
     EncoderSpec,
     MemoryPositions,
+    MemorySource,
     build_encoder,
-    encode_tokens,
-    param_groups,
-    token_counts,
+    check_memory_source,
+    encode_memory,
+    memory_prefix_tokens,
 )
+from vitscope.caption.transformer import param_groups, token_counts
 from vitscope.caption.vocab import PAD
+from vitscope.errors import ConfigError
 
 
 @dataclass
@@ -50,9 +58,22 @@ class ShowAttendTellConfig:
     max_len: int = 32  # the longest caption decoded, <bos> included (an LSTM has no position table;
     # the limit keeps the two captioners' decoding interfaces alike)
     drop: float = 0.3
-    attention_reg: float = 1.0  # lambda of the doubly stochastic regulariser
+    attention_reg: float = 1.0  # lambda of the doubly stochastic regulariser, weighed as in the paper
     label_smoothing: float = 0.0
     memory_pos: bool = False  # add MemoryPositions to the encoder's tokens
+    memory: MemorySource = "tokens"  # the encoder's tokens after its last block, or its stem's grid (encoder.py)
+
+    def __post_init__(self):
+        check_memory_source(self.memory)
+        for name in ("embed_dim", "hidden_dim", "attn_dim", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_len < 2:
+            raise ConfigError(f"max_len must leave room for <bos> and one word, got {self.max_len}")
+        if not 0 <= self.drop < 1:
+            raise ConfigError(f"drop must be in [0, 1), got {self.drop}")
+        if not self.attention_reg >= 0:
+            raise ConfigError(f"attention_reg must be 0 or more, got {self.attention_reg}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,7 +105,8 @@ class ShowAttendTell(nn.Module):
         self.config = config
         e = config.encoder
         self.encoder = build_encoder(e.preset, e.overrides, e.pretrained)
-        self.memory_pos = MemoryPositions(self.encoder) if config.memory_pos else None
+        self.num_prefix_tokens = memory_prefix_tokens(self.encoder, config.memory)
+        self.memory_pos = MemoryPositions(self.encoder, self.num_prefix_tokens) if config.memory_pos else None
         d, hd, emb = self.encoder.config.embed_dim, config.hidden_dim, config.embed_dim
         self.embed = nn.Embedding(config.vocab_size, emb)
         self.init_h = nn.Linear(d, hd)
@@ -97,7 +119,6 @@ class ShowAttendTell(nn.Module):
         self.head = nn.Linear(emb, config.vocab_size)
         self.drop = nn.Dropout(config.drop)
         self.max_len = config.max_len
-        self.num_prefix_tokens = self.encoder.num_prefix_tokens
         self.grid = self.encoder.patch_embed.grid_size
 
     def no_weight_decay(self) -> set[str]:
@@ -107,7 +128,7 @@ class ShowAttendTell(nn.Module):
         return param_groups(self, weight_decay)
 
     def encode(self, images: Tensor) -> Tensor:
-        memory = encode_tokens(self.encoder, images)  # (B, N, De)
+        memory = encode_memory(self.encoder, images, self.config.memory)  # (B, N, De)
         return memory if self.memory_pos is None else self.memory_pos(memory)
 
     def _initial(self, memory: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -162,19 +183,60 @@ class ShowAttendTell(nn.Module):
             alphas.append(alpha)
         return torch.stack(logits, 1), torch.stack(alphas, 1)
 
+    def packed(self, memory: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None):
+        """`teacher_forced` that stops each caption at its last real target: the rows are sorted by
+        length, and step t runs only the rows whose caption is still going (the batch shrinks as captions
+        end), so no step is spent on pads. Logits and alphas are zeros at pad targets (B, T-1, V),
+        (B, T-1, N); at real ones they equal `teacher_forced`'s, and so do the loss and its gradients."""
+        keep = None if memory_padding is None else ~memory_padding
+        b, n = memory.shape[:2]
+        steps = (tokens[:, 1:] != PAD).sum(1)  # (B,) real targets per row: captions are padded on the right
+        order = steps.argsort(descending=True, stable=True)
+        memory, tokens, steps = memory[order], tokens[order], steps[order]
+        keep = None if keep is None else keep[order]
+        running = (steps[None] > torch.arange(tokens.shape[1] - 1, device=steps.device)[:, None]).sum(1).tolist()
+        h, c = self._initial(memory, keep)
+        keys = self.attention.key_proj(memory)  # (B, N, A)
+        logits, alphas = [], []
+        for t, r in enumerate(running):  # rows [0, r) still have a real target at step t
+            if r == 0:
+                break
+            out, alpha, h, c = self._step(tokens[:r, t], h[:r], c[:r], memory[:r], keys[:r],
+                                          None if keep is None else keep[:r])
+            logits.append(F.pad(out, (0, 0, 0, b - r)))  # (B, V)
+            alphas.append(F.pad(alpha, (0, 0, 0, b - r)))  # (B, N)
+        if not logits:  # no real target at all
+            logits, alphas = [memory.new_zeros(b, self.head.out_features)], [memory.new_zeros(b, n)]
+        while len(logits) < tokens.shape[1] - 1:  # columns that are pads in every row
+            logits.append(torch.zeros_like(logits[-1]))
+            alphas.append(torch.zeros_like(alphas[-1]))
+        inverse = order.argsort()
+        return torch.stack(logits, 1)[inverse], torch.stack(alphas, 1)[inverse]
+
     def losses(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> dict[str, Tensor]:
-        """{'loss': xent + reg, 'xent': mean over real targets, 'attention_reg': lambda * mean over images,
-        'correct', 'targets': the real targets the argmax gets right, and the real targets}."""
-        logits, alphas = self(images, tokens, memory_padding=memory_padding)
+        """{'loss': xent + reg, 'xent', 'attention_reg', 'correct', 'targets'}: see `memory_losses`."""
+        return self.memory_losses(self.encode(images), tokens, memory_padding=memory_padding)
+
+    def memory_losses(self, memory: Tensor, tokens: Tensor, *,
+                      memory_padding: Tensor | None = None) -> dict[str, Tensor]:
+        """The training loss from an encoded memory (B, N, De) and captions (B, T).
+
+        The paper's objective is a sum over the caption, -sum_t log p(y_t) + lambda * sum_i (1 - sum_t
+        alpha_ti)^2 per image; here both terms are divided by the batch's real targets, so 'xent' is the
+        mean cross-entropy per word and lambda keeps the paper's weight against it. (Summing the
+        regulariser per image against a per-word mean weighs it about as many times more as a caption has
+        words, and it then rewards spreading every word's attention over the whole image.)
+        'correct' and 'targets': the real targets the argmax gets right, and the real targets."""
+        logits, alphas = self.packed(memory, tokens, memory_padding=memory_padding)
         targets = tokens[:, 1:]
         xent = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
                                label_smoothing=self.config.label_smoothing)
-        real_steps = (targets != PAD).to(alphas.dtype)[..., None]  # (B, T-1, 1)
-        coverage = (alphas * real_steps).sum(1)  # (B, N): sum_t alpha_ti
+        words = (targets != PAD).sum().clamp_min(1)
+        coverage = alphas.float().sum(1)  # (B, N): sum_t alpha_ti over the real steps (zeros at pads)
         gap = (1 - coverage) ** 2
         if memory_padding is not None:
             gap = gap.masked_fill(memory_padding, 0.0)
-        reg = self.config.attention_reg * gap.sum(1).mean()
+        reg = self.config.attention_reg * gap.sum() / words
         return {"loss": xent + reg, "xent": xent, "attention_reg": reg, **token_counts(logits, tokens)}
 
     def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:

@@ -29,51 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import KVCache
+from vitscope.caption.encoder import EncoderSpec, MemoryPositions, build_encoder, encode_tokens
 from vitscope.caption.vocab import PAD
 from vitscope.decoder import Caches, TransformerDecoder
-from vitscope.models import create_model
-from vitscope.positional import sincos_2d
-from vitscope.vit import VisionTransformer
-
-
-# -- the encoder, shared with the LSTM baseline -----------------------------------------------------------
-def build_encoder(preset: str, overrides: dict | None = None, pretrained: bool | str = False) -> VisionTransformer:
-    """A vitscope ViT without its classifier head (num_classes=0)."""
-    return create_model(preset, pretrained=pretrained, **{**(overrides or {}), "num_classes": 0})
-
-
-def encode_tokens(encoder: VisionTransformer, images: Tensor) -> Tensor:
-    """images (B, C, H, W) -> every token after the last block, normalised: (B, N, De).
-
-    With average pooling timm puts the final LayerNorm after pooling (`fc_norm`) and none on the
-    tokens; it is applied per token here, so the memory is normalised either way.
-    """
-    x = encoder.forward_features(images)  # (B, N, De)
-    if isinstance(encoder.norm, nn.Identity) and not isinstance(encoder.fc_norm, nn.Identity):
-        x = encoder.fc_norm(x)
-    return x
-
-
-class MemoryPositions(nn.Module):
-    """A learned position per image token, added to the encoder's output before a decoder reads it, as
-    DETR adds positions to the keys its decoder cross-attends to. Initialised with the 2-D sin-cos table
-    (zeros at prefix tokens such as the class token).
-
-    Why: the encoder's own positions enter at its input only; a classifier trained to pool its tokens
-    keeps little of them by the last block, and a captioner must say where each item is (its errors
-    without the table were mostly items named at the wrong cell). The measured effect on caption_quick
-    is in benchmarks/RESULTS.md, Captioning.
-    """
-
-    def __init__(self, encoder: VisionTransformer):
-        super().__init__()
-        gh, gw = encoder.patch_embed.grid_size
-        d = encoder.config.embed_dim
-        table = torch.cat([torch.zeros(encoder.num_prefix_tokens, d), sincos_2d(gh, gw, d)])
-        self.table = nn.Parameter(table[None])  # (1, N, De)
-
-    def forward(self, memory: Tensor) -> Tensor:
-        return memory + self.table  # (B, N, De)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -94,15 +52,6 @@ def token_counts(logits: Tensor, tokens: Tensor) -> dict[str, Tensor]:
     targets = tokens[:, 1:]
     real = targets != PAD
     return {"correct": ((logits.argmax(-1) == targets) & real).sum(), "targets": real.sum()}
-
-
-@dataclass
-class EncoderSpec:
-    """Which ViT encodes the image: a preset name, overrides of its config, pretrained weights."""
-
-    preset: str = "vit_fmnist_quick"
-    overrides: dict = field(default_factory=dict)
-    pretrained: bool | str = False
 
 
 # -- config and model ------------------------------------------------------------------------------------
