@@ -309,11 +309,6 @@ def check_model(cfg: TrainConfig) -> None:
                          f"stem=[[32,2],[64,2]] (or [] for none); got {stem!r}")
     img = args["img_size"]
     given_img = "img_size" in cfg.model_args
-    if given_img and (cfg.task != "classify" or cfg.image_size not in (None, img)):
-        # the encoder is built at the size the images are read at: a second size would be ignored in silence
-        raise ConfigError(f"give the image size once, with --image-size (the images are read at it and the model "
-                          f"follows), not --set img_size={img!r}"
-                          + (f" beside --image-size {cfg.image_size}" if cfg.image_size is not None else ""))
     if isinstance(img, list):
         img = tuple(img)
     if given_img and not (isinstance(img, int) and not isinstance(img, bool) and img >= 1 or isinstance(img, tuple)
@@ -327,6 +322,11 @@ def check_model(cfg: TrainConfig) -> None:
     side = cfg.image_size or ((max(img) if isinstance(img, tuple) else img) if given_img else None)
     if side is not None:
         _check_step_memory(cfg, args, side)
+    if given_img and (cfg.task != "classify" or cfg.image_size not in (None, img)):
+        # the encoder is built at the size the images are read at: a second size would be ignored in silence
+        raise ConfigError(f"give the image size once, with --image-size (the images are read at it and the model "
+                          f"follows), not --set img_size={img!r}"
+                          + (f" beside --image-size {cfg.image_size}" if cfg.image_size is not None else ""))
 
 
 def step_bytes(args: dict, side: int, batch: int) -> float:
