@@ -537,3 +537,15 @@ def test_head_dim_divisibility():
         MultiHeadAttention(10, 4)
     mha = MultiHeadAttention(10, 4, head_dim=3)  # inner width 12, projected back to 10
     assert mha.qkv.out_features == 36 and mha(torch.randn(1, 5, 10)).shape == (1, 5, 10)
+
+
+def test_additive_attention_takes_keys_projected_once():
+    """An RNN decoder projects its keys once per sequence and passes them in: the same context and weights."""
+    torch.manual_seed(0)
+    att = attention.AdditiveAttention(12, 10, 8)
+    q, k = torch.randn(3, 4, 12), torch.randn(3, 7, 10)
+    mask = torch.rand(3, 7) > 0.3
+    ctx, w = att(q, k, mask=mask)
+    ctx2, w2 = att(q, k, mask=mask, projected_keys=att.key_proj(k))
+    torch.testing.assert_close(ctx2, ctx, rtol=0, atol=0)
+    torch.testing.assert_close(w2, w, rtol=0, atol=0)

@@ -347,7 +347,9 @@ class AdditiveAttention(nn.Module):
     """Bahdanau attention: score(q, k) = vᵀ tanh(W_q q + W_k k), softmax over keys, weighted sum.
 
     query (B, Dq) or (B, Nq, Dq); keys (B, Nk, Dk); values default to keys. `mask` (B, Nk) or
-    (B, Nq, Nk) is True where a key may be attended. Returns (context, weights).
+    (B, Nq, Nk) is True where a key may be attended. `projected_keys` (B, Nk, Hd), W_k k made once by the
+    caller, stands in for that projection: an RNN decoder asks at every word with the same keys.
+    Returns (context, weights).
     """
 
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int):
@@ -357,14 +359,16 @@ class AdditiveAttention(nn.Module):
         self.score = nn.Linear(hidden_dim, 1, bias=False)
 
     def forward(
-        self, query: Tensor, keys: Tensor, values: Tensor | None = None, *, mask: Tensor | None = None
+        self, query: Tensor, keys: Tensor, values: Tensor | None = None, *, mask: Tensor | None = None,
+        projected_keys: Tensor | None = None,
     ):
         single = query.ndim == 2
         if single:
             query = query[:, None]  # (B, 1, Dq)
         values = keys if values is None else values
+        keys_h = self.key_proj(keys) if projected_keys is None else projected_keys  # (B, Nk, Hd)
         # (B, Nq, 1, Hd) + (B, 1, Nk, Hd): every query against every key.
-        hidden = torch.tanh(self.query_proj(query)[:, :, None] + self.key_proj(keys)[:, None])
+        hidden = torch.tanh(self.query_proj(query)[:, :, None] + keys_h[:, None])
         scores = self.score(hidden).squeeze(-1)  # (B, Nq, Nk)
         if mask is not None:
             mask = mask[:, None] if mask.ndim == 2 else mask

@@ -145,17 +145,9 @@ class ShowAttendTell(nn.Module):
 
         h has R = B·G rows, G per image (an image's beams under beam search): the G queries of an image
         read its one memory row by broadcasting."""
-        a = self.attention
-        q = rearrange(a.query_proj(h), "(b g) a -> b g 1 a", b=memory.shape[0])  # (B, G, 1, A)
-        scores = a.score(torch.tanh(q + keys[:, None])).squeeze(-1)  # (B, G, N)
-        if keep is not None:
-            keep = keep[:, None]  # (B, 1, N)
-            empty = ~keep.any(-1, keepdim=True)
-            scores = scores.masked_fill(~(keep | empty), float("-inf"))
-        alpha = scores.softmax(dim=-1)
-        if keep is not None:
-            alpha = alpha.masked_fill(empty, 0.0)
-        return (alpha @ memory).flatten(0, 1), alpha.flatten(0, 1)  # (R, De), (R, N)
+        queries = rearrange(h, "(b g) d -> b g d", b=memory.shape[0])  # (B, G, Dh): an image's G queries
+        context, alpha = self.attention(queries, memory, mask=keep, projected_keys=keys)  # (B, G, De), (B, G, N)
+        return context.flatten(0, 1), alpha.flatten(0, 1)  # (R, De), (R, N)
 
     def _step(self, word: Tensor, h: Tensor, c: Tensor, memory: Tensor, keys: Tensor, keep: Tensor | None):
         """word (R,) -> logits (R, V), alpha (R, N), h, c."""
