@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from vitscope.io import cache_root
+from vitscope.io import atomic_write, cache_root
 
 _HERE = Path(__file__).resolve().parent
 _LOCK = threading.Lock()
@@ -172,9 +172,8 @@ def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Pat
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}-", suffix=".so")
-    os.close(fd)
-    try:
+
+    def compile_and_link(tmp: str) -> None:
         includes = [f"-I{f}" for f in folders]
         with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-objects-") as objects:
             objs = [str(Path(objects) / f"{s.stem}.o") for s in sources]
@@ -194,10 +193,8 @@ def build(sources: list[Path], name: str, *, cc: str | None = None, out_dir: Pat
             if failed:
                 what, err = failed[0]
                 raise RuntimeError(f"{Path(cc).name} could not build {what}:\n{err.strip()[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(target, compile_and_link)  # a process killed mid-build leaves no half library to load
     return target
 
 
