@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import vitscope.attention as attention
-from conftest import torch_mha_like
+from helpers import torch_mha_like
 from vitscope.attention import (
     EXPLICIT_HALF_MAX_KEYS,
     AdditiveAttention,

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import torch_mha_like
+from helpers import torch_mha_like
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.models import create_model
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
+from helpers import assert_grads_close, long_vit_grads_against_pytorch, qkv_attention_against_float64
 from vitscope import kernels
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.kernels import registry, short_attention

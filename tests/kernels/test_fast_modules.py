@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_grads_close
+from helpers import assert_grads_close
 from vitscope import kernels
 from vitscope.decoder import TransformerDecoder
 from vitscope.inspect import capture_attention

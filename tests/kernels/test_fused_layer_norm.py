@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import assert_grads_close, random_layer_norm
+from helpers import assert_grads_close, random_layer_norm
 from vitscope import kernels
 from vitscope.kernels import fused_add_norm, fused_layer_norm, native
 from vitscope.vit import Block

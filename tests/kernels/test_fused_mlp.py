@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_grads_close
+from helpers import assert_grads_close
 from vitscope import kernels
 from vitscope.kernels import fused_mlp, native
 from vitscope.vit import Mlp

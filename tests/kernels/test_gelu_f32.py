@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_grads_close
+from helpers import assert_grads_close
 from vitscope.kernels import fused_gelu, registry
 from vitscope.models import create_model
 

@@ -260,6 +260,6 @@ def test_torch_compile_keeps_the_kernels_and_their_gradients(bf16):
     dynamo.reset()
     eager, compiled = grads(model), grads(torch.compile(model, backend="aot_eager"))
     dynamo.reset()
-    from conftest import assert_grads_close
+    from helpers import assert_grads_close
 
     assert_grads_close(compiled, eager, 1e-2 if bf16 else 1e-5)
