@@ -41,22 +41,14 @@ def recipe_doc(name: str) -> str:
 
 @recipe
 def fmnist_quick() -> TrainConfig:
-    """Fashion-MNIST in about 5-8 minutes on 2 CPU cores with bfloat16, 22 without (the README's main job).
+    """Fashion-MNIST in minutes on 2 CPU cores: the README's main job (`make run`).
 
-    `vitscope train --preset fmnist_quick`
-    Figures with their commands are in benchmarks/RESULTS.md. The model is a five-conv stem to 7 x 7
-    tokens and 2 blocks (see models.vit_fmnist_quick), for seven epochs: eight took 10.7 min on a
-    slow spell of the EPYC host (749 images/s, AdamW), and seven reach the same accuracy. In so few epochs
-    regularising costs more than it gives, so it gets flips only: random crops cost 2.5 points at
-    two epochs, and random erasing cost 0.3 points at ten (91.32% against 91.65%, previous model).
-    It is evaluated on each test image and its mirror image, logits averaged (`eval_flip`: 0.4
-    points for eight epochs); shifted views would cost, since it never trains on shifted images.
-    It trains with Muon on the hidden matrices (optim.py), which fits faster per step: 93.86% and
-    93.71% for seeds 0 and 1 in 4.7 and 4.8 minutes on a 2-core Xeon with AMX (~1,470 images/s),
-    against 92.91% for both seeds with AdamW (7.7-9.0 minutes on a 2-core EPYC without AMX). On a 2-core
-    Zen 3 EPYC (AVX2, no bfloat16 arithmetic: float32 throughout, Muon's iteration in float32 rounded to
-    bfloat16) 93.73% for seed 0 in 20.3 minutes (343 images/s; 93.67% in 21.8 before vitscope's float32
-    linear kernel).
+    `vitscope train --preset fmnist_quick` -> about 93.7% test accuracy (each image averaged with its mirror):
+    93.86% / 93.71% (seeds 0, 1) in about 5 minutes on a 2-core Xeon with AMX, 93.6-93.7% in 6-8 on a Zen 4
+    EPYC (bfloat16), 93.70% in 19-22 on a Zen 3 EPYC (float32). Evidence and commands: benchmarks/RESULTS.md.
+    Why this recipe: a five-conv stem to 7 x 7 tokens and 2 blocks (models.vit_fmnist_quick), Muon on the hidden
+    matrices (ahead of AdamW by about a point at this length), flips only (crops and erasing cost accuracy in
+    so few epochs), seven epochs.
     """
     return TrainConfig(model="vit_fmnist_quick", optimizer="muon", epochs=7, batch_size=128, lr=1.5e-3,
                        weight_decay=0.05, warmup_epochs=0.3, label_smoothing=0.1, eval_flip=True,
@@ -65,30 +57,14 @@ def fmnist_quick() -> TrainConfig:
 
 @recipe
 def fmnist_best() -> TrainConfig:
-    """Fashion-MNIST, the accuracy preset: under 60 minutes on 2 CPU cores.
+    """Fashion-MNIST, the accuracy preset: under an hour on 2 CPU cores.
 
-    `vitscope train --preset fmnist_best`
-    Figures with their commands are in benchmarks/RESULTS.md. The quick preset's model
-    (models.vit_fmnist_quick) for 46 epochs with Muon on the hidden matrices (optim.py): 95.01% and
-    95.16% for seeds 0 and 1 (10 test views) in 31.5 and 30.8 minutes of training on a 2-core Xeon
-    with AMX (~1,480 images/s), and 95.09% and 95.16% in 28.4 and 28.1 minutes since the explicit
-    attention path keeps bfloat16 weights (~1,630 images/s); 95.18% for seed 0 in 57.6 minutes on a
-    2-core EPYC without AMX (797 images/s), and 95.12% in 41.1 minutes (1,117 images/s) with vitscope's
-    C kernels (vitscope/kernels/native/, the conv stem's weight gradients included), 95.00% in 40.6 (1,132
-    images/s) with its linear-product kernel too, whose sums run in another order, and 95.25% in 39.2
-    (1,173 images/s) once the weight gradients summed chunks of 128 rows. With AdamW the same
-    recipe reached 94.67% and 94.72% for seeds 0 and 1 (EPYC, 52-56 minutes): it underfits (96.4% on
-    its own training images), and Muon fits faster per step, 0.7-1.9 points ahead over the first half
-    and 0.2-0.3 at the end.
-    A deeper model loses: a third block was behind at every epoch, and the three-conv, four-block
-    model reached 92.84% in 36 epochs, because the small model's faster step buys more epochs; a
-    sixth stem conv, with 40 epochs in the same time, only tied it (94.70% for seed 0, AdamW). So
-    many epochs need regularising: pad-2 random crops, flips, random erasing (a tie: 94.68% without
-    it), and CutMix on half the batches, which added 0.15 points on 10 views (AdamW). Each epoch is
-    evaluated on every test image and its mirror image (`eval_flip`); the final evaluation also
-    averages each of them moved one pixel left, right, up and down (`final_eval_shift`, 10 views;
-    airbench averages mirrored, shifted views for CIFAR-10 too). More epochs bought little with
-    AdamW: without CutMix, 70 (83 minutes) reached 94.67% for seed 0.
+    `vitscope train --preset fmnist_best` -> about 95.1% with 10 test views (95.01% / 95.16% for seeds 0, 1) in
+    28-31 minutes on a 2-core Xeon with AMX, 39-41 on a Zen 4 EPYC. Evidence and commands:
+    benchmarks/RESULTS.md. Why this recipe: the quick preset's model for 46 epochs with Muon, which many epochs
+    let regularise (pad-2 crops, flips, random erasing, CutMix on half the batches); a deeper model lost to the
+    faster step's extra epochs. Each epoch is evaluated on every image and its mirror; the final evaluation
+    also on each moved one pixel each way (`final_eval_shift`, 10 views).
     """
     return TrainConfig(model="vit_fmnist_quick", optimizer="muon", epochs=46, batch_size=128, lr=1.5e-3,
                        weight_decay=0.05, warmup_epochs=1, label_smoothing=0.1, ema_decay=None, eval_flip=True,
@@ -119,21 +95,16 @@ _SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick"
 @recipe
 def caption_quick() -> TrainConfig:
     """Fashion-MNIST scenes captioned by the README's classifier's encoder and a transformer decoder, in
-    about 9 minutes of training on 2 CPU cores.
+    minutes on 2 CPU cores.
 
-    `make run` first (its classifier starts the encoder), then `vitscope train --preset caption_quick`, then
-    `vitscope eval RUN --beam 5`. As the lecture's captioners start from an ImageNet CNN, the encoder starts
-    from runs/fmnist_quick (models.vit_fmnist_quick, here on the 56 x 56 canvas: its stride-4 stem gives each
-    28 x 28 cell the 7 x 7 tokens the classifier gives an item; STARTS_FROM, and from Python pass init_weights);
-    `--init-weights none` trains it from scratch.
-    The decoder is 2 blocks of width 128 over the 196 image tokens, which carry a learned 2-D position each
-    (caption.transformer.MemoryPositions: without them the decoder binds items to the wrong cells longer).
-    Muon, batch 64, label smoothing 0.1, one of each image's five references per epoch, two epochs; the loop
-    evaluates every half epoch, greedily. Evaluate the run with beam search (`vitscope eval RUN --beam 5`):
-    greedy decoding repeats or skips an item in the phrasings that list items in a random order, and beam
-    search prefers the reading-order ones. On a 2-core Zen 3 EPYC (float32): 92.05% and 91.95% item accuracy
-    with beam 5 (87.78%, 91.46% greedy) for seeds 0 and 1 after 8.8 and 9.5 minutes; commands and the rest in
-    benchmarks/RESULTS.md, Captioning.
+    `make run` first (its classifier starts the encoder, as the lecture's captioners start from an ImageNet
+    CNN; `--init-weights none` trains it from scratch), then `vitscope train --preset caption_quick`, then
+    `vitscope eval RUN --beam 5` -> about 92% item accuracy with beam 5 and 95-96% of item words' last-layer
+    attention in the right cell: 91.75% in 3.1 minutes on a Zen 5 EPYC (bfloat16, seed 0), 92.05% / 91.95%
+    in 8.8 / 9.5 on a Zen 3 (float32, seeds 0, 1). Evidence and commands: benchmarks/RESULTS.md, Captioning.
+    Why this recipe: a 2-block decoder of width 128 over the 196 image tokens, each with a learned 2-D position
+    (MemoryPositions: without them items bind to the wrong cells for longer), Muon, batch 64, two epochs.
+    Evaluate with beam search: greedy decoding repeats or skips an item in the random-order phrasings.
     """
     return TrainConfig(**_SCENES, captioner="transformer", epochs=2,
                        decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.0, memory_pos=True))
