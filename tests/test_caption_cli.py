@@ -174,3 +174,11 @@ def test_decoder_fields_are_checked_by_type_and_range_before_any_work(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and all(w in err for w in words), err
     assert not out.exists()  # refused before the folder was made: the same --out works once corrected
+
+
+def test_predict_and_explain_given_a_captioning_run_say_what_it_is(run_dir, tmp_path, capsys):
+    image = tmp_path / "scene.png"
+    Image.fromarray(toy_scenes("test", 1).images[0, 0].numpy()).save(image)
+    one_line_error(capsys, main(["predict", str(run_dir), str(image)]), "is a captioning run", "vitscope caption")
+    one_line_error(capsys, main(["explain", str(run_dir), str(image), "--out", str(tmp_path / "x")]),
+                   "is a captioning run", "vitscope caption")

@@ -30,8 +30,7 @@ from vitscope.caption.task import (
 )
 from vitscope.caption.vocab import Vocabulary
 from vitscope.errors import ConfigError, InputError
-
-CAPTIONER_KEY = "captioner"  # the safetensors metadata key of `captioner_to_dict`
+from vitscope.weights.files import CAPTIONER_KEY
 
 
 @dataclass

@@ -25,9 +25,9 @@ from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConf
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
 from vitscope.caption.vocab import PAD, Vocabulary
 from vitscope.errors import ConfigError, InputError
+from vitscope.weights.files import VOCAB_KEY
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
-VOCAB_KEY = "vitscope.caption.vocab"  # the safetensors metadata key
 
 
 # -- data by name ------------------------------------------------------------------------------------

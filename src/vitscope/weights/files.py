@@ -28,6 +28,11 @@ StateDict = Mapping[str, Tensor]
 PathLike = str | os.PathLike
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
+# Keys a captioner's checkpoint holds beside a classifier's metadata (the caption package writes them): how a
+# reader of classifiers tells a captioning run from one of its own.
+CAPTIONER_KEY = "captioner"
+VOCAB_KEY = "vitscope.caption.vocab"
+
 
 # -- checking a state dict against a model --------------------------------------------------------
 def _shape(t) -> tuple[int, ...]:
