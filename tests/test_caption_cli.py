@@ -182,3 +182,12 @@ def test_predict_and_explain_given_a_captioning_run_say_what_it_is(run_dir, tmp_
     one_line_error(capsys, main(["predict", str(run_dir), str(image)]), "is a captioning run", "vitscope caption")
     one_line_error(capsys, main(["explain", str(run_dir), str(image), "--out", str(tmp_path / "x")]),
                    "is a captioning run", "vitscope caption")
+
+
+def test_another_captioner_than_the_presets_drops_the_presets_decoder_fields():
+    from vitscope.cli import build_parser, build_train_config
+
+    cfg = build_train_config(build_parser().parse_args(["train", "--task", "caption", "--captioner", "lstm",
+                                                        "--init-weights", "none", "--decoder-set", "hidden_dim=64"]))
+    cfg.validate()  # the transformer preset's dim, depth and heads are not handed to the LSTM
+    assert cfg.captioner == "lstm" and cfg.decoder_args == {"hidden_dim": 64}

@@ -114,6 +114,8 @@ def build_train_config(args):
     if base.get("init_weights") and "model" in given and given["model"] != base.get("model") \
             and "init_weights" not in given:
         base["init_weights"] = None  # the preset's starting weights are its own model's
+    if base.get("decoder_args") and "captioner" in given and given["captioner"] != base.get("captioner"):
+        base["decoder_args"] = {}  # the preset's decoder fields are its own captioner's; --decoder-set still applies
     if args.resume and (given or aug or args.set or args.decoder_args or args.out or args.overwrite):
         raise UsageError("--resume continues the saved config exactly; drop the other training flags")
     if (args.weights_only or args.config_changes) and not args.resume:
