@@ -390,3 +390,10 @@ def test_an_instruction_set_cap_that_names_none_is_refused_by_every_command(comm
     assert main(command) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "VITSCOPE_ISA='bogus'" in err and "avx2" in err, err
+
+
+def test_a_channel_count_the_images_do_not_have_is_one_line_before_any_work(tmp_path, capsys):
+    assert main(["train", *TINY, "--set", "in_chans=2", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "in_chans=2" in err and "1 channel" in err, err
+    assert not (tmp_path / "r").exists()

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
 from vitscope.training.task import (
@@ -54,6 +55,10 @@ class ClassifyTask:
         train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
         eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
         c, h, w = train_set.images.shape[1:]
+        if cfg.model_args.get("in_chans", c) != c:  # the model reads the data's channels: say so before any work
+            raise ConfigError(f"--set in_chans={cfg.model_args['in_chans']}, but {cfg.dataset}'s images have {c} "
+                              f"channel{'s' if c != 1 else ''}: drop --set in_chans (the model takes the images' "
+                              f"channels)")
         transform = cfg.augment.for_dataset(train_set)
         if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
             transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
