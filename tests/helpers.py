@@ -101,3 +101,16 @@ def torch_mha_like(ours, dim: int, num_heads: int, kdim: int | None = None):
         ref.out_proj.weight.copy_(ours.proj.weight)
         ref.out_proj.bias.copy_(ours.proj.bias)
     return ref.eval()
+
+
+def raises_one_line(call, *fragments, error: type[Exception] = Exception) -> str:
+    """Run `call`, expect `error` with a one-line message holding every fragment; return the message."""
+    import pytest
+
+    with pytest.raises(error) as e:
+        call()
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    for f in fragments:
+        assert f in msg, msg
+    return msg

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import raises_one_line
 from test_caption_cli import one_line_error
 from vitscope.caption.readers import (
     MAX_CAPTION_TOKENS,
@@ -34,15 +35,9 @@ def _png(path: Path) -> Path:
     return path
 
 
+
 def _raises(call, *fragments, error=DataError) -> str:
-    """Run `call`, expect `error` with a one-line message holding every fragment; return the message."""
-    with pytest.raises(error) as e:
-        call()
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    for f in fragments:
-        assert f in msg, msg
-    return msg
+    return raises_one_line(call, *fragments, error=error)
 
 
 def coco_file(tmp_path: Path, images=None, annotations=None, name="captions.json") -> Path:

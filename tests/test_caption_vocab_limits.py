@@ -7,19 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import raises_one_line
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.vocab import MAX_WORDS, Vocabulary
 from vitscope.errors import ConfigError
 
 
 def _raises(call, *fragments, error=ConfigError) -> str:
-    with pytest.raises(error) as e:
-        call()
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    for f in fragments:
-        assert f in msg, msg
-    return msg
+    return raises_one_line(call, *fragments, error=error)
 
 
 def test_a_min_count_that_keeps_no_word_is_refused_with_what_to_set():
