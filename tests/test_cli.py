@@ -397,3 +397,17 @@ def test_a_channel_count_the_images_do_not_have_is_one_line_before_any_work(tmp_
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "in_chans=2" in err and "1 channel" in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_init_weights_of_another_token_layout_say_so_not_an_api_hint(tmp_path, capsys):
+    first = tmp_path / "cls"
+    assert main(["train", "--model", "vit_tiny_patch4_28", "--dataset", "digits", "--epochs", "1", "--set",
+                 "embed_dim=16", "--set", "depth=1", "--set", "num_heads=2", "--explain-images", "0",
+                 "--threads", "1", "--no-progress", "--out", str(first)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--model", "vit_tiny_patch4_28", "--dataset", "digits", "--epochs", "1", "--set",
+                 "embed_dim=16", "--set", "depth=1", "--set", "num_heads=2", "--set", "class_token=false",
+                 "--set", 'global_pool="avg"', "--init-weights", str(first / "best.safetensors"),
+                 "--out", str(tmp_path / "gap")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "1 class token before a 2 x 2 grid" in err and "--init-weights none" in err and "old_size" not in err, err

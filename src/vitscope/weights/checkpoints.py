@@ -126,9 +126,24 @@ def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateD
     pos = sd.get("pos_embed")
     if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
         if pos.shape[-1] == model.pos_embed.shape[-1]:
+            _check_token_layout(pos.shape[1], model.num_prefix_tokens)
             sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size,
                                                  num_prefix_tokens=model.num_prefix_tokens, antialias=True)
     return load_checked(model, sd, "timm checkpoint")
+
+
+def _check_token_layout(rows: int, prefix: int) -> None:
+    """A position table of `rows` rows resamples to this model's grid only if it has the model's `prefix`
+    tokens (the class token) before a square grid; else say which layout the weights came from."""
+    if math.isqrt(rows - prefix) ** 2 == rows - prefix:
+        return
+    theirs = next((p for p in range(4) if rows > p and math.isqrt(rows - p) ** 2 == rows - p), None)
+    came = (f"a model with {theirs} class token{'s' if theirs != 1 else ''} before a "
+            f"{math.isqrt(rows - theirs)} x {math.isqrt(rows - theirs)} grid" if theirs is not None
+            else "a model whose grid is not square")
+    raise InputError(f"the weights' position table has {rows} rows: they come from {came}, and this model has "
+                     f"{prefix} class token{'s' if prefix != 1 else ''}; start from weights of a model with the same "
+                     f"class token (class_token / global_pool), or train from scratch (--init-weights none)")
 
 
 def config_from_timm_state_dict(state_dict: PathLike | StateDict, **hints) -> ViTConfig:
