@@ -25,6 +25,8 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path, after_s):
     out, err = child.communicate(timeout=120)
     if child.returncode == 0:
         pytest.skip(f"the run finished within {after_s} s, before the signal")
+    if child.returncode == -signal.SIGINT and not err.strip():
+        pytest.skip("the signal came before the interpreter could take it (a machine too busy to start Python)")
     lines = [x.strip() for x in err.replace("\r", "\n").splitlines() if x.strip() and not x.startswith("train ")]
     assert child.returncode == 130, err[-2000:]
     assert "Traceback" not in err and len(lines) <= 2, lines  # a stopped run also names its checkpoint
