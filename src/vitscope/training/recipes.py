@@ -140,9 +140,9 @@ def caption_lstm_quick() -> TrainConfig:
 def caption_lstm() -> TrainConfig:
     """Show, Attend and Tell for the accuracy target: caption_lstm_quick's recipe for three epochs.
 
-    `make run` first, then `vitscope train --preset caption_lstm`, then `vitscope eval RUN --beam 5` -> 86.97% item
-    accuracy with beam 5 and 92.1% of item words' alignments peaking in their cell (seed 0, 14.7 minutes on a
-    2-core Zen 5 EPYC shared with other work, bfloat16). Evidence and commands: benchmarks/RESULTS.md. Why this
+    `make run` first, then `vitscope train --preset caption_lstm`, then `vitscope eval RUN --beam 5` -> about 87% item
+    accuracy with beam 5 and 92% of item words' alignments peaking in their cell: 86.97% / 92.1% (seed 0) and
+    86.73% / 91.7% (seed 1), seed 1 in 4.2 minutes on a quiet 2-core Zen 5 EPYC (bfloat16). Evidence and commands: benchmarks/RESULTS.md. Why this
     recipe: AdamW (under Muon the alignment stayed at chance), the regulariser at the paper's weight, and each
     caption trained only to its end; `--decoder-set memory=stem` reads the conv stem's grid instead.
     """
