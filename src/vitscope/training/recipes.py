@@ -140,11 +140,12 @@ def caption_lstm_quick() -> TrainConfig:
 def caption_lstm() -> TrainConfig:
     """Show, Attend and Tell for the accuracy target: caption_lstm_quick's recipe for three epochs.
 
-    `make run` first, then `vitscope train --preset caption_lstm`, then `vitscope eval RUN --beam 5` -> about 87% item
-    accuracy with beam 5 and 92% of item words' alignments peaking in their cell: 86.97% / 92.1% (seed 0) and
-    86.73% / 91.7% (seed 1), seed 1 in 4.2 minutes on a quiet 2-core Zen 5 EPYC (bfloat16). Evidence and commands: benchmarks/RESULTS.md. Why this
-    recipe: AdamW (under Muon the alignment stayed at chance), the regulariser at the paper's weight, and each
-    caption trained only to its end; `--decoder-set memory=stem` reads the conv stem's grid instead.
+    `make run` first, then `vitscope train --preset caption_lstm`, then `vitscope eval RUN --beam 5` -> about 87%
+    item accuracy with beam 5 and 92% of item words' alignments peaking in their cell: 86.97% / 92.1% (seed 0)
+    and 86.73% / 91.7% (seed 1), seed 1 in 4.2 minutes on a quiet 2-core Zen 5 EPYC (bfloat16). Evidence and
+    commands: benchmarks/RESULTS.md. Why this recipe: AdamW (under Muon the alignment stayed at chance), the
+    regulariser at the paper's weight, and each caption trained only to its end; `--decoder-set memory=stem`
+    reads the conv stem's grid instead.
     """
     return TrainConfig(**{**_SCENES, "optimizer": "adamw", "lr": 1e-3}, captioner="lstm", epochs=3,
                        decoder_args=dict(_LSTM))
