@@ -114,3 +114,20 @@ def raises_one_line(call, *fragments, error: type[Exception] = Exception) -> str
     for f in fragments:
         assert f in msg, msg
     return msg
+
+
+def load_benchmark(name: str):
+    """benchmarks/`name`.py imported as the scripts import each other (their folder on sys.path)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
+    return module

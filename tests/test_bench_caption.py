@@ -4,31 +4,23 @@ test, not a timing: no speed is checked."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import load_benchmark
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 pytest.importorskip("transformers")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_caption", BENCHMARKS / "bench_caption.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
 
 
 @pytest.mark.slow  # building transformers' models takes seconds
 def test_both_captioners_have_caption_quicks_size_within_five_percent():
-    bench = _bench()
+    bench = load_benchmark("bench_caption")
     shape = bench.quick_shape()
     counts = {impl: sum(p.numel() for p in bench.build_impl(impl, shape).parameters())
               for impl in ("vitscope-plain", "hf-eager")}
@@ -37,7 +29,7 @@ def test_both_captioners_have_caption_quicks_size_within_five_percent():
 
 @pytest.mark.parametrize("impl", ["vitscope", pytest.param("hf-eager", marks=pytest.mark.slow)])
 def test_a_worker_generates_and_trains(impl):
-    bench = _bench()
+    bench = load_benchmark("bench_caption")
     cases = [dict(mode=m, n=3, dtype="float32") for m in ("greedy", "beam 2", "train")]
     out = bench.run_impl(dict(impl=impl, shape=bench.quick_shape(small=True), cases=cases, batch=2, repeats=1,
                               threads=1))

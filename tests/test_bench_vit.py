@@ -9,7 +9,6 @@ default suite.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -18,21 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import load_benchmark
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPT = BENCHMARKS / "bench_vit.py"
 SECTION = "## ViT training and inference (benchmarks/bench_vit.py)"
 
 
-def _module(name: str):
-    """benchmarks/`name`.py imported as the scripts import each other (their folder on sys.path)."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
 
 
 def _float32_attention_kernel_runs() -> bool:
@@ -69,7 +60,7 @@ def test_vitscope_is_timed_with_its_kernels_applied():
     from vitscope.kernels.modules import FastViT
     from vitscope.vit import VisionTransformer
 
-    bench = _module("bench_vit")
+    bench = load_benchmark("bench_vit")
     for shape in bench.SHAPES:
         assert type(bench.build_model("vitscope", shape)) is FastViT
     assert type(bench.build_model("vitscope", "fmnist_plain", kernels=False)) is VisionTransformer
@@ -80,7 +71,7 @@ def test_vitscope_is_timed_with_its_kernels_applied():
 
 
 def test_each_row_is_its_cases_median_pass():
-    bench = _module("bench_vit")
+    bench = load_benchmark("bench_vit")
     runs = [{"batch": 10, "times_s": [t], "pass": i} for i, t in enumerate([0.5, 0.2, 0.1])]
     row = bench.median_pass(runs)
     assert row["pass"] == 1 and row["passes_images_per_s"] == [20.0, 50.0, 100.0]
@@ -89,7 +80,7 @@ def test_each_row_is_its_cases_median_pass():
 
 
 def test_slow_shapes_keep_a_decimal_of_images_per_second():
-    rate_text = _module("bench_vit").rate_text  # _machine's, which every script's tables use
+    rate_text = load_benchmark("bench_vit").rate_text  # _machine's, which every script's tables use
     assert [rate_text(x) for x in (3.64, 44.06, 99.96, 100.4, 1574.2)] == ["3.6", "44.1", "100", "100", "1,574"]
 
 
@@ -97,7 +88,7 @@ def test_slow_shapes_keep_a_decimal_of_images_per_second():
 def test_attention_bench_times_vitscope_through_its_kernels(train):
     """bench_attention.py's `attend` and `vitscope MHA` rows are vitscope.kernels': its C kernel where this
     CPU runs one for float32 (ViT-S heads, 64 wide), PyTorch's own path elsewhere."""
-    bench = _module("bench_attention")
+    bench = load_benchmark("bench_attention")
     step, path = bench._build("attend", 2, 65, torch.float32, train)
     step()
     assert path == ("vitscope kernel" if _float32_attention_kernel_runs() else "fused")
