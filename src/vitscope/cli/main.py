@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     _plain_warnings(f"vitscope {args.command}")
     from vitscope.kernels.native import bad_isa_cap
 
-    if bad_isa_cap():  # a mistyped cap would turn every kernel off without a word
-        print(f"vitscope {args.command}: error: {bad_isa_cap()}", file=sys.stderr)
+    if (bad_cap := bad_isa_cap()):  # a mistyped cap would turn every kernel off without a word
+        print(f"vitscope {args.command}: error: {bad_cap}", file=sys.stderr)
         return EXIT_USAGE
     if args.command in ("eval", "predict", "explain"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
