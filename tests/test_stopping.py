@@ -86,7 +86,7 @@ def finish(child: subprocess.Popen) -> tuple[int, list[str]]:
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in ("train_time_s", "images_per_s")}
+    return [{k: v for k, v in json.loads(line).items() if k not in ("train_time_s", "train_cpu_s", "images_per_s")}
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -89,18 +89,21 @@ class Progress:
     epoch_loss_sum: float = 0.0
     epoch_correct: int = 0
     epoch_count: int = 0
+    train_cpu_s: float = 0.0  # the process's CPU seconds of training, all its threads
 
     def to_state(self) -> dict:
         return {"step": self.step, "best_acc": self.best_acc, "train_time_s": self.train_time_s, "seen": self.seen,
-                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count]}
+                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count],
+                "train_cpu_s": self.train_cpu_s}
 
     @classmethod
     def from_state(cls, s: dict) -> Progress:
         sums = s.get("epoch_sums")
         if not (isinstance(sums, (list, tuple)) and len(sums) == 3 and all(isinstance(x, (int, float)) for x in sums)):
             sums = [0.0, 0, 0]  # runs saved before these were kept start the epoch's sums at 0
+        cpu = s.get("train_cpu_s")  # runs saved before it was kept count from 0
         return cls(int(s["step"]), float(s["best_acc"]), float(s["train_time_s"]), int(s["seen"]),
-                   float(sums[0]), int(sums[1]), int(sums[2]))
+                   float(sums[0]), int(sums[1]), int(sums[2]), float(cpu) if isinstance(cpu, (int, float)) else 0.0)
 
 
 def stamp(step: int) -> str:

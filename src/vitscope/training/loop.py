@@ -231,6 +231,7 @@ class _Training:
         row = {"epoch": epoch, "step": at.step, "lr": lr_at(at.step - 1, self.total, self.warmup, self.cfg),
                "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
                "test_loss": ev.loss, metric.key: ev.value, "train_time_s": round(at.train_time_s, 2),
+               "train_cpu_s": round(at.train_cpu_s, 2),
                "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None, **ev.row}
         if self.info.is_main:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
@@ -297,25 +298,25 @@ class _Training:
             epoch, first = divmod(at.step, spe)
             order = epoch_order(self.task.train_size, cfg.seed, epoch)
             self.s.model.train()
-            t0 = time.perf_counter()
+            t0 = self.clock()
             for i in range(first, min(spe, first + end - at.step)):
                 self.step(order[i * cfg.batch_size : (i + 1) * cfg.batch_size], epoch)
-                self.show_progress(epoch, i, at.train_time_s + time.perf_counter() - t0)
+                self.show_progress(epoch, i, at.train_time_s + time.perf_counter() - t0[0])
                 if D.any_flag(self.stopper.signal is not None, self.info):
-                    at.train_time_s += time.perf_counter() - t0
+                    self.charge(t0)
                     return self.stop()
                 inside = i < spe - 1 and at.step < end
                 if inside and cfg.eval_every_steps and at.step % cfg.eval_every_steps == 0:
-                    at.train_time_s += time.perf_counter() - t0
+                    self.charge(t0)
                     if not self.evaluate_and_log(round(at.step / spe, 4)):
                         return self.stop()
                     self.s.model.train()
-                    t0 = time.perf_counter()
+                    t0 = self.clock()
                 if inside and self.due():
-                    at.train_time_s += time.perf_counter() - t0
-                    t0 = time.perf_counter()
+                    self.charge(t0)
+                    t0 = self.clock()
                     self.save_last()
-            at.train_time_s += time.perf_counter() - t0
+            self.charge(t0)
             if at.step % spe:  # max_steps inside the epoch
                 break
             if not self.end_epoch(epoch + 1):
@@ -332,6 +333,16 @@ class _Training:
             self.at.epoch_loss_sum, self.at.epoch_correct, self.at.epoch_count = 0.0, 0, 0
             return True
         return self.end_epoch(self.at.step // self.steps_per_epoch)
+
+    @staticmethod
+    def clock() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def charge(self, start: tuple[float, float]) -> None:
+        """Add the training time since `start` (a `clock()`) to the run's: wall seconds, and the process's CPU
+        seconds (all its threads), which other jobs on a shared machine's cores change far less."""
+        self.at.train_time_s += time.perf_counter() - start[0]
+        self.at.train_cpu_s += time.process_time() - start[1]
 
     def show_progress(self, epoch: int, i: int, elapsed: float) -> None:
         at = self.at

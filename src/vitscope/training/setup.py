@@ -89,6 +89,7 @@ def restore(cfg: TrainConfig, s: Setup, found: Checkpoint | None, gen: torch.Gen
     key = s.task.metric.key
     return Progress(step=found.step, best_acc=max((r.get(key, 0.0) for r in rows), default=0.0),
                     train_time_s=rows[-1].get("train_time_s", 0.0) if rows else 0.0,
+                    train_cpu_s=rows[-1].get("train_cpu_s", 0.0) if rows else 0.0,
                     seen=found.step * cfg.batch_size)
 
 
