@@ -103,9 +103,8 @@ class TrainConfig:
     captions_file: str | None = field(default=None, metadata={
         "help": "--task caption: the caption file for coco, karpathy or flickr8k (else found under --data-dir)"})
     # Translation (vitscope.translate): the synthetic language pair and the translator.
-    translator: Literal["rnn", "transformer"] = field(default="rnn", metadata={
-        "help": "--task translate: a GRU encoder-decoder with additive attention (--decoder-set attention=false: "
-                "one context vector), or a transformer encoder-decoder"})
+    translator: Literal["rnn", "transformer"] = field(default="rnn", metadata={"help": "--task translate: a GRU "
+        "encoder-decoder with additive attention (--decoder-set attention=false: one context vector) or a transformer"})
     train_sentences: int = field(default=20_000, metadata={
         "help": "--task translate: sentence pairs drawn for training (with --seed)"})
     test_sentences: int = field(default=1_000, metadata={
@@ -293,24 +292,18 @@ TRANSLATION_DATASET = "synthetic_pair"
 
 def _check_translate(cfg: TrainConfig) -> None:
     """What a translation run needs: the synthetic pair, sizes in range, and decoder fields its translator has."""
-    from dataclasses import fields
-
     from vitscope.translate.rnn import RNNTranslatorConfig
     from vitscope.translate.transformer import TransformerTranslatorConfig
 
     if cfg.dataset != TRANSLATION_DATASET:
         raise ConfigError(f"--task translate trains on the synthetic language pair (--dataset {TRANSLATION_DATASET}), "
                          f"not {cfg.dataset!r}")
-    _at_least("train_sentences", cfg.train_sentences, 1)
-    _at_least("test_sentences", cfg.test_sentences, 1)
+    for name in ("train_sentences", "test_sentences", "eval_beam"):
+        _at_least(name, getattr(cfg, name), 1)
     if not 3 <= cfg.max_words <= 60:
         raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {cfg.max_words}")
-    if cfg.batch_size > cfg.train_sentences:
-        raise ConfigError(f"batch_size {cfg.batch_size} is larger than the training set ({cfg.train_sentences} "
-                         f"sentences)")
-    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
     config = TransformerTranslatorConfig if cfg.translator == "transformer" else RNNTranslatorConfig
-    own = {f.name for f in fields(config)} - {"src_vocab_size", "tgt_vocab_size", "max_len", "max_src_len",
+    own = {f.name for f in dataclasses.fields(config)} - {"src_vocab_size", "tgt_vocab_size", "max_len", "max_src_len",
                                               "label_smoothing"}
     unknown = sorted(set(cfg.decoder_args) - own)
     if unknown:

@@ -166,7 +166,7 @@ def translate_rnn() -> TrainConfig:
     Why this recipe: a bidirectional GRU of 128 per direction, a GRU decoder that attends after reading the
     previous word, AdamW at 2e-3 in float32 (the GRU's small matrices gain nothing from bfloat16), batch 64.
     """
-    return TrainConfig(**_PAIR, translator="rnn", epochs=1, decoder_args=dict(attention=True))
+    return TrainConfig(**_PAIR, translator="rnn", epochs=2, decoder_args=dict(attention=True))
 
 
 @recipe
@@ -176,7 +176,7 @@ def translate_rnn_noattn() -> TrainConfig:
 
     `vitscope train --preset translate_rnn_noattn --threads 1` -> RESULT_NOATTN
     """
-    return TrainConfig(**_PAIR, translator="rnn", epochs=1, decoder_args=dict(attention=False))
+    return TrainConfig(**_PAIR, translator="rnn", epochs=2, decoder_args=dict(attention=False))
 
 
 @recipe

@@ -15,7 +15,15 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.training.config import TrainConfig
-from vitscope.training.task import Evaluation, Metric, StepStats, TrainResult, run_facts, write_summary
+from vitscope.training.task import (
+    Evaluation,
+    Metric,
+    StepStats,
+    TrainResult,
+    check_batch,
+    run_facts,
+    write_summary,
+)
 
 EXACT_MATCH = Metric("exact match", "test_exact_match")
 ROW_METRICS = ("token_accuracy", "bleu4", "alignment", "alignment_best_head")
@@ -49,6 +57,7 @@ class TranslateTask:
         pair = make_pair(cfg.seed, train_size=cfg.train_sentences, test_size=cfg.test_sentences,
                          max_words=cfg.max_words)
         data = ParallelData.build(pair)
+        check_batch(cfg, len(data.train), "sentences")
         torch.manual_seed(cfg.seed)
         model = build_translator(cfg.translator, data, dict(cfg.decoder_args), label_smoothing=cfg.label_smoothing)
         return cls(cfg, data, model)

@@ -4,8 +4,8 @@ The source reads like English with its adjectives after the noun (as in French);
 (subject, object, adverb, verb, as in Japanese or Turkish) with its adjectives before the noun, in mirror order:
 
     source  the dog small black sees a cat today and the king helps every child
-    target  lo nor pik tolu un mira oje mi e lo taro ajo ogni beko
-    gold    0   3   2   1   4  5    6   2  8 9  10   12  13   14      (target word -> source position)
+    target  lo nor pik tolu un mira oje mi e lo taro ogni beko ajo
+    gold    0  3   2   1    5  6    7   4  8 9  10   12   13   11     (target word -> source position)
 
 Clause:  source  NP_subject VERB NP_object [ADVERB]      target  NP_subject' NP_object' [ADVERB'] VERB'
 NP:      source  [DET] NOUN ADJ{0,2}                     target  [DET'] ADJ'{reversed} NOUN'
