@@ -24,11 +24,10 @@ def alignment_figure(source: Sequence[str], target: Sequence[str], attention: Te
     fig = Figure(figsize=(1.2 + 0.42 * len(source), 1.2 + 0.36 * len(target)), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     im = ax.imshow(att, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(source)), list(source), rotation=60, ha="right")
+    ax.xaxis.tick_top()  # read like the lecture's figure: the source along the top
+    ax.xaxis.set_label_position("top")
+    ax.set_xticks(range(len(source)), list(source), rotation=60, ha="left")
     ax.set_yticks(range(len(target)), list(target))
-    ax.xaxis.tick_top()
-    ax.tick_params(axis="x", labeltop=True, labelbottom=False)
-    plt_setp(ax.get_xticklabels(), rotation=60, ha="left")
     ax.set_xlabel("source words")
     ax.set_ylabel("target words (written top to bottom)")
     if gold is not None:
@@ -44,11 +43,6 @@ def alignment_figure(source: Sequence[str], target: Sequence[str], attention: Te
     if path is not None:
         fig.savefig(path)
     return fig
-
-
-def plt_setp(labels, **kwargs) -> None:
-    for label in labels:
-        label.update(kwargs)
 
 
 def _box(x: int, y: int, color: str):
