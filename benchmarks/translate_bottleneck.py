@@ -62,6 +62,13 @@ def by_length(run: Path) -> tuple[str, dict, dict, float]:
     return translator.description, result.by_length, result.metrics, rows[-1]["train_time_s"]
 
 
+def band(lengths: dict, lo: int, hi: int) -> str:
+    """Exact accuracy over the test sentences of lo to hi source words."""
+    hits = sum(a * n for k, (a, n) in lengths.items() if lo <= k <= hi)
+    count = sum(n for k, (_, n) in lengths.items() if lo <= k <= hi)
+    return f"{100 * hits / max(count, 1):.1f}%"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs="+", type=Path, help="finished translation runs to plot (default: train both)")
@@ -86,14 +93,9 @@ def main() -> None:
     print("| model | training | exact | tokens | BLEU-4 | alignment | exact, 3-8 words | exact, 15-20 words |")
     print("|---|---|---|---|---|---|---|---|")
     for name, seconds, m, lengths in table:
-        def band(lo, hi):
-            hits = sum(a * n for k, (a, n) in lengths.items() if lo <= k <= hi)
-            count = sum(n for k, (_, n) in lengths.items() if lo <= k <= hi)
-            return f"{100 * hits / max(count, 1):.1f}%"
-
         align = "n/a" if m["alignment"] is None else f"{100 * m['alignment']:.1f}%"
         print(f"| {name} | {seconds / 60:.1f} min | {100 * m['exact_match']:.1f}% | {100 * m['token_accuracy']:.1f}% "
-              f"| {m['bleu4']:.3f} | {align} | {band(3, 8)} | {band(15, 20)} |")
+              f"| {m['bleu4']:.3f} | {align} | {band(lengths, 3, 8)} | {band(lengths, 15, 20)} |")
 
 
 if __name__ == "__main__":

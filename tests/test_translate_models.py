@@ -106,3 +106,18 @@ def test_a_short_training_learns_the_reordering(data):
     m = evaluate_translations(model, data.test, data.tgt_vocab, beam=3).metrics
     assert m["exact_match"] > 0.5
     assert m["alignment"] > 0.7
+
+
+def test_the_heatmap_is_a_figure_with_the_words_on_its_axes(tmp_path):
+    from matplotlib.figure import Figure
+
+    from vitscope.translate.plots import alignment_figure
+
+    source, target = ["the", "dog", "small"], ["lo", "pik", "tolu"]
+    att = torch.tensor([[0.9, 0.05, 0.05], [0.1, 0.1, 0.8], [0.2, 0.7, 0.1]])
+    fig = alignment_figure(source, target, att, gold=[0, 2, 1], path=tmp_path / "a.png")
+    assert isinstance(fig, Figure) and (tmp_path / "a.png").stat().st_size > 1000
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == source
+    assert [t.get_text() for t in ax.get_yticklabels()] == target
+    assert [p.get_edgecolor()[:3] for p in ax.patches] == [(0.0, 229 / 255, 1.0)] * 3  # every peak on its gold word

@@ -176,7 +176,7 @@ def translate_rnn_noattn() -> TrainConfig:
 
     `vitscope train --preset translate_rnn_noattn --threads 1` -> RESULT_NOATTN
     """
-    return TrainConfig(**_PAIR, translator="rnn", epochs=2, decoder_args=dict(attention=False))
+    return TrainConfig(**_PAIR, translator="rnn", epochs=4, decoder_args=dict(attention=False))
 
 
 @recipe

@@ -64,7 +64,7 @@ def accuracy_by_length_figure(curves: dict[str, dict[int, tuple[float, int]]], *
     ax.set_ylabel("exact sentence accuracy (%)")
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower left")
     if title:
         ax.set_title(title, fontsize=10)
     if path is not None:
