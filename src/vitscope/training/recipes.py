@@ -162,7 +162,11 @@ def translate_rnn() -> TrainConfig:
     """The RNN encoder-decoder with additive (Bahdanau) attention on the synthetic language pair: the alignment
     heatmap of the lecture, learned with no alignment supervision.
 
-    `vitscope train --preset translate_rnn --threads 1` -> RESULT_RNN
+    `vitscope train --preset translate_rnn --threads 1` -> 100.00% exact sentence accuracy on the 1,000 test
+    sentences (greedy and beam 5), 98.97% of target words' attention peaking on their gold source word, in 2.8
+    minutes of training on one thread of a 2-core Zen 5 EPYC shared with other jobs (seed 0; 98.8% exact after
+    200 steps, 1.0 minute). The misses are mostly a two-word verb's second word, which its first word predicts
+    without looking. Evidence and commands: benchmarks/RESULTS.md, Translation.
     Why this recipe: a bidirectional GRU of 128 per direction, a GRU decoder that attends after reading the
     previous word, AdamW at 2e-3 in float32 (the GRU's small matrices gain nothing from bfloat16), batch 64.
     """
@@ -175,6 +179,7 @@ def translate_rnn_noattn() -> TrainConfig:
     sentence (the bottleneck attention removed), so long sentences fail.
 
     `vitscope train --preset translate_rnn_noattn --threads 1` -> RESULT_NOATTN
+    Four epochs to the attention RNN's two, as its steps are about twice as fast: about the same training time.
     """
     return TrainConfig(**_PAIR, translator="rnn", epochs=4, decoder_args=dict(attention=False))
 
@@ -184,7 +189,10 @@ def translate_transformer() -> TrainConfig:
     """A transformer encoder-decoder on the same pair, for comparison: 2 + 2 pre-norm blocks of width 128,
     4 heads; its alignment is read per decoder layer and head (the best is reported).
 
-    `vitscope train --preset translate_transformer --threads 1` -> RESULT_TRANSFORMER
+    `vitscope train --preset translate_transformer --threads 1` -> 97.90% exact sentence accuracy (98.0% with
+    beam 5), 90.6% alignment accuracy for its best head (decoder layer 1, head 2; the four heads of layer 1 87-91%,
+    of layer 0 47-61%), in 2.6 minutes of training on one thread of a shared 2-core Zen 5 EPYC (seed 0). Evidence
+    and commands: benchmarks/RESULTS.md, Translation.
     """
     return TrainConfig(**{**_PAIR, "lr": 1e-3}, translator="transformer", epochs=2,
                        decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.1))
