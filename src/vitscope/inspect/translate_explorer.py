@@ -86,7 +86,7 @@ BODY = """<div class="controls">
   <div class="panel">
     <h2>The whole sentence</h2>
     <table class="heat" id="heat"></table>
-    <p class="muted">Rows: the translation's words; columns: the source words; darker is more attention.</p>
+    <p class="muted">Rows: the translation's words; columns: the source words; brighter is more attention.</p>
   </div>
 </div>
 """
