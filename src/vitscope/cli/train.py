@@ -167,5 +167,7 @@ def run_train(args) -> int:
              "caption": "curves.png, caption_attention.png, captions.html, summary.json; vitscope eval / caption RUN",
              "translate": "curves.png, alignment.png, translations.html, summary.json; vitscope eval / translate RUN",
              }[cfg.task]
+    if cfg.task == "translate" and not (run_dir / "alignment.png").exists():  # a translator without attention
+        files = files.replace("alignment.png, ", "")
     print(f"run directory: {run_dir}  ({files})")
     return 0
