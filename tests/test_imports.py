@@ -15,14 +15,14 @@ import vitscope
 
 PACKAGE = Path(vitscope.__file__).resolve().parent
 
-# DESIGN.md's layers, highest first: cli -> training -> tasks (caption) -> weights / models -> kernels, inspect
-# -> the model files -> attention, positional, data; `errors`, `fields` and `io` serve every layer. A package
-# may import its own layer or lower ones.
+# DESIGN.md's layers, highest first: cli -> training -> tasks (caption, translate) -> weights / models -> kernels,
+# inspect -> the model files -> attention, positional, data; `errors`, `fields` and `io` serve every layer. A
+# package may import its own layer or lower ones.
 LAYERS = [
     {"__main__", "console"},
     {"cli"},
     {"training"},
-    {"caption"},
+    {"caption", "translate"},
     {"", "models", "weights"},  # "": the package's own __init__, the public names over models
     {"kernels", "inspect"},
     {"vit", "decoder"},

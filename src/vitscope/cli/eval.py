@@ -1,6 +1,7 @@
 """`vitscope eval CHECKPOINT_OR_RUN`: accuracy, per-class accuracy and the confusion matrix on a split; for a
 captioning run BLEU-1..4, CIDEr-D and on Fashion-MNIST scenes item accuracy, exact match and attention grounding,
-for greedy decoding and beam search."""
+for greedy decoding and beam search; for a translation run exact sentence accuracy, token accuracy, BLEU-4 and
+alignment accuracy on its test sentences (cli/translate.py)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,13 @@ def run_eval(args) -> int:
 
     from vitscope.caption.run import is_caption_checkpoint
     from vitscope.training.loop import evaluate
+    from vitscope.translate.run import is_translation_checkpoint
     from vitscope.weights.model_source import load_data, open_model
 
+    if is_translation_checkpoint(args.checkpoint):
+        from vitscope.cli.translate import run_translation_eval
+
+        return run_translation_eval(args)
     if is_caption_checkpoint(args.checkpoint):
         return run_caption_eval(args)
     out = check_out_dir(args.out, writes=("confusion.png", "eval.json"), overwrite=args.overwrite) if args.out else None

@@ -1,5 +1,5 @@
-"""`vitscope train | eval | predict | explain | caption | bench | data | models`: one module per sub-command,
-each with one parser and one run function; this one builds the parser and runs the command.
+"""`vitscope train | eval | predict | explain | caption | translate | bench | data | models`: one module per
+sub-command, each with one parser and one run function; this one builds the parser and runs the command.
 
 Errors a user can fix (a wrong flag value, a missing file, a mismatched checkpoint) print one line
 and exit with code 2; `--debug` shows the traceback instead.
@@ -20,6 +20,7 @@ from vitscope.cli.explain import add_explain_parser
 from vitscope.cli.models import add_models_parser
 from vitscope.cli.predict import add_predict_parser
 from vitscope.cli.train import add_train_parser
+from vitscope.cli.translate import add_translate_parser
 from vitscope.errors import VitscopeError
 
 
@@ -28,7 +29,7 @@ def build_parser() -> Parser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_train_parser, add_eval_parser, add_predict_parser, add_explain_parser, add_caption_parser,
-                add_bench_parser, add_data_parser, add_models_parser):
+                add_translate_parser, add_bench_parser, add_data_parser, add_models_parser):
         add(sub)
     return parser
 

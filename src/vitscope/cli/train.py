@@ -2,6 +2,8 @@
 
 `--task caption` trains a captioner (vitscope.caption) whose encoder is `--model`; its decoder's fields go
 through `--decoder-set FIELD=VALUE`, and without --preset or --config it starts from caption_quick.
+`--task translate` trains a translator (vitscope.translate) on the synthetic language pair; without --preset
+or --config it starts from translate_rnn.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ def add_train_parser(sub) -> None:
     from vitscope.training.loop import TrainConfig
     from vitscope.training.recipes import get_recipe, list_recipes
 
-    p = sub.add_parser("train", help="train a ViT or a captioner (a preset or a config file; flags override any "
-                                     "field)",
+    p = sub.add_parser("train", help="train a ViT, a captioner or a translator (a preset or a config file; flags "
+                                     "override any field)",
                        description="Train a ViT (or with --task caption a captioner). Start from --preset or "
                                    "--config, then override any field with its flag. Prints the run directory.")
     p.add_argument("--preset", choices=list_recipes(),
@@ -39,8 +41,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model field, e.g. --set depth=8 --set drop_path_rate=0.1")
     p.add_argument("--decoder-set", dest="decoder_args", action="append", default=None, metavar="FIELD=VALUE",
-                   help="--task caption: override a field of the captioner's decoder (decoder_args), e.g. "
-                        "--decoder-set depth=3 (default: {})")
+                   help="--task caption / translate: override a field of the captioner's or translator's decoder "
+                        "(decoder_args), e.g. --decoder-set depth=3 (default: {})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     quick = get_recipe("fmnist_quick")
     g = p.add_argument_group("training fields (TrainConfig)",
@@ -95,6 +97,10 @@ def _check_start_weights(cfg, preset: str | None) -> None:
                          f"or train from scratch with --init-weights none")
 
 
+# The preset a task trains from when no --preset or --config is given.
+DEFAULT_PRESETS = {"caption": "caption_quick", "translate": "translate_rnn"}
+
+
 def build_train_config(args):
     from vitscope.training.loop import TrainConfig
     from vitscope.training.recipes import STARTS_FROM, get_recipe
@@ -104,7 +110,7 @@ def build_train_config(args):
     elif args.config:
         base = _read_config_json(args.config, "config file")
     else:
-        preset = args.preset or ("caption_quick" if args.task == "caption" else "fmnist_quick")
+        preset = args.preset or DEFAULT_PRESETS.get(args.task, "fmnist_quick")
         base = get_recipe(preset).to_dict()
         if preset in STARTS_FROM:
             base["init_weights"] = preset_weights(STARTS_FROM[preset])
@@ -157,7 +163,11 @@ def run_train(args) -> int:
         return 130
     print(f"{cfg.eval_split} {result.describe()}, training {result.train_time_s / 60:.1f} min, "
           f"{result.images_per_s:.0f} images/s")
-    files = ("curves.png, confusion.png, explorer.html, summary.json" if cfg.task == "classify" else
-             "curves.png, caption_attention.png, captions.html, summary.json; vitscope eval / caption RUN")
+    files = {"classify": "curves.png, confusion.png, explorer.html, summary.json",
+             "caption": "curves.png, caption_attention.png, captions.html, summary.json; vitscope eval / caption RUN",
+             "translate": "curves.png, alignment.png, translations.html, summary.json; vitscope eval / translate RUN",
+             }[cfg.task]
+    if cfg.task == "translate" and not (run_dir / "alignment.png").exists():  # a translator without attention
+        files = files.replace("alignment.png, ", "")
     print(f"run directory: {run_dir}  ({files})")
     return 0

@@ -85,21 +85,32 @@ class TrainConfig:
     explain_images: int = field(default=6, metadata={
         "help": "test images put in the attention explorer at the end (0: no explorer)"})
     # Captioning (vitscope.caption): `model` is the encoder, the fields below the decoder and its data.
-    task: Literal["classify", "caption"] = field(default="classify", metadata={
+    task: Literal["classify", "caption", "translate"] = field(default="classify", metadata={
         "help": "classify: a ViT classifier; caption: a captioner whose encoder is --model, on a caption dataset "
-                "(fmnist_scenes, fmnist_scenes3, coco, karpathy, flickr8k)"})
+                "(fmnist_scenes, fmnist_scenes3, coco, karpathy, flickr8k); translate: a translator on the "
+                "synthetic language pair (dataset synthetic_pair)"})
     captioner: Literal["transformer", "lstm"] = field(default="transformer", metadata={
         "help": "--task caption: a transformer decoder, or the LSTM with additive attention (Show, Attend and Tell)"})
     decoder_args: dict = field(default_factory=dict, metadata={
-        "help": "--task caption: the captioner's own fields, e.g. {'dim': 128, 'depth': 2} (--decoder-set)"})
+        "help": "--task caption / translate: the captioner's or translator's own fields, e.g. {'dim': 128, "
+                "'depth': 2} (--decoder-set)"})
     max_len: int = field(default=32, metadata={
         "help": "--task caption: the decoder's positions, <bos> and <eos> included: the longest caption it learns"})
     vocab_min_count: int = field(default=1, metadata={
         "help": "--task caption: words seen fewer times in the training captions become <unk>"})
     eval_beam: int = field(default=1, metadata={
-        "help": "--task caption: the beam size of each evaluation (1: greedy decoding)"})
+        "help": "--task caption / translate: the beam size of each evaluation (1: greedy decoding)"})
     captions_file: str | None = field(default=None, metadata={
         "help": "--task caption: the caption file for coco, karpathy or flickr8k (else found under --data-dir)"})
+    # Translation (vitscope.translate): the synthetic language pair and the translator.
+    translator: Literal["rnn", "transformer"] = field(default="rnn", metadata={"help": "--task translate: a GRU "
+        "encoder-decoder with additive attention (--decoder-set attention=false: one context vector) or a transformer"})
+    train_sentences: int = field(default=20_000, metadata={
+        "help": "--task translate: sentence pairs drawn for training (with --seed)"})
+    test_sentences: int = field(default=1_000, metadata={
+        "help": "--task translate: sentence pairs drawn for testing, none of them a training sentence"})
+    max_words: int = field(default=20, metadata={
+        "help": "--task translate: the longest source sentence drawn, in words (3 to 60)"})
     eval_every_steps: int = field(default=0, metadata={
         "help": "also evaluate (and log a metrics row) every this many steps inside an epoch, for finer curves "
                 "(0: only at each epoch's end); its time is not training time"})
@@ -206,12 +217,17 @@ def _check_ranges(cfg: TrainConfig) -> None:
     # task may read other datasets than the classification ones
     if cfg.task == "caption":
         _check_caption(cfg)
+    elif cfg.task == "translate":
+        _check_translate(cfg)
     else:
         from vitscope.caption.task import CAPTION_DATASETS
 
         if cfg.dataset in CAPTION_DATASETS:  # else the data layer's "unknown dataset", with no way forward
             raise ConfigError(f"{cfg.dataset!r} is a captioning dataset: train on it with --task caption "
                               f"(vitscope train --task caption --dataset {cfg.dataset} ...)")
+        if cfg.dataset == TRANSLATION_DATASET:
+            raise ConfigError(f"{cfg.dataset!r} is the translation task's language pair: train on it with --task "
+                              f"translate (vitscope train --task translate --preset translate_rnn)")
 
 
 def _check_decoder_args(given: dict, config) -> None:
@@ -269,6 +285,31 @@ def _check_caption(cfg: TrainConfig) -> None:
         raise ConfigError(f"--task caption: {', '.join(moved)} would move or mix what the captions name (a mirror "
                          f"image swaps left and right); turn {'it' if len(moved) == 1 else 'them'} off "
                          f"(--aug-flip false, --aug-crop none or pad, ...)")
+
+
+TRANSLATION_DATASET = "synthetic_pair"
+
+
+def _check_translate(cfg: TrainConfig) -> None:
+    """What a translation run needs: the synthetic pair, sizes in range, and decoder fields its translator has."""
+    from vitscope.translate.rnn import RNNTranslatorConfig
+    from vitscope.translate.transformer import TransformerTranslatorConfig
+
+    if cfg.dataset != TRANSLATION_DATASET:
+        raise ConfigError(f"--task translate trains on the synthetic language pair (--dataset {TRANSLATION_DATASET}), "
+                         f"not {cfg.dataset!r}")
+    for name in ("train_sentences", "test_sentences", "eval_beam"):
+        _at_least(name, getattr(cfg, name), 1)
+    if not 3 <= cfg.max_words <= 60:
+        raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {cfg.max_words}")
+    config = TransformerTranslatorConfig if cfg.translator == "transformer" else RNNTranslatorConfig
+    own = {f.name for f in dataclasses.fields(config)} - {"src_vocab_size", "tgt_vocab_size", "max_len", "max_src_len",
+                                              "label_smoothing"}
+    unknown = sorted(set(cfg.decoder_args) - own)
+    if unknown:
+        raise ConfigError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.translator} translator; "
+                         f"choose from {', '.join(sorted(own))} (label_smoothing is a training field)")
+    _check_decoder_args(cfg.decoder_args, config)
 
 
 # -- the model ----------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ from vitscope.training.caption import CaptionTask
 from vitscope.training.classify import ClassifyTask
 from vitscope.training.config import TrainConfig
 from vitscope.training.task import Task
+from vitscope.training.translate import TranslateTask
 
-TASKS = {"classify": ClassifyTask, "caption": CaptionTask}
+TASKS = {"classify": ClassifyTask, "caption": CaptionTask, "translate": TranslateTask}
 
 
 def build_task(cfg: TrainConfig, *, resume: bool) -> Task:

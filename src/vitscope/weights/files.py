@@ -32,6 +32,7 @@ ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 # reader of classifiers tells a captioning run from one of its own.
 CAPTIONER_KEY = "captioner"
 VOCAB_KEY = "vitscope.caption.vocab"
+TRANSLATOR_KEY = "translator"  # a translator's checkpoint (vitscope.translate.run writes it)
 
 
 # -- checking a state dict against a model --------------------------------------------------------

@@ -66,7 +66,7 @@ def _check_finite(model: VisionTransformer, source: str) -> None:
 def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     from vitscope.models import create_model, list_models
     from vitscope.weights.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
-    from vitscope.weights.files import CAPTIONER_KEY, VOCAB_KEY
+    from vitscope.weights.files import CAPTIONER_KEY, TRANSLATOR_KEY, VOCAB_KEY
     from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
 
     path = Path(source)
@@ -79,6 +79,9 @@ def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
                                 f"checkpoint, or one of the presets `vitscope models` lists with weights")
     ckpt = find_checkpoint(path)
     meta = read_metadata(ckpt) if ckpt.suffix == ".safetensors" else {}
+    if TRANSLATOR_KEY in meta:
+        raise InputError(f"{source} is a translation run, not a classifier: translate with vitscope translate "
+                         f"{source} \"SENTENCE\", or score it with vitscope eval {source}")
     if CAPTIONER_KEY in meta or VOCAB_KEY in meta:
         raise InputError(f"{source} is a captioning run, not a classifier: caption its images with vitscope caption "
                          f"{source} IMAGE..., or score it with vitscope eval {source}")

@@ -1,0 +1,131 @@
+"""Translation: a translator (`cfg.translator`: rnn, with or without attention, or transformer) on the synthetic
+language pair (vitscope.translate), drawn from `cfg.seed`. Its loss is the teacher-forced cross-entropy; its
+metric the exact sentence accuracy of greedy (or `cfg.eval_beam`) translations of the test sentences.
+
+An epoch reads every training sentence once in the loop's order. Under DDP each rank's loss is the mean over its
+own target words and DDP averages the ranks' gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from vitscope.training.config import TrainConfig
+from vitscope.training.task import (
+    Evaluation,
+    Metric,
+    StepStats,
+    TrainResult,
+    check_batch,
+    run_facts,
+    write_summary,
+)
+
+EXACT_MATCH = Metric("exact match", "test_exact_match")
+ROW_METRICS = ("token_accuracy", "bleu4", "alignment", "alignment_best_head")
+
+
+class TranslationLosses(nn.Module):
+    """The translator's training forward, source and target -> its loss terms, as one module for DDP."""
+
+    def __init__(self, translator: nn.Module):
+        super().__init__()
+        self.translator = translator
+
+    def forward(self, src: Tensor, tgt: Tensor) -> dict[str, Tensor]:
+        return self.translator.losses(src, tgt)
+
+
+@dataclass
+class TranslateTask:
+    cfg: TrainConfig
+    data: object  # vitscope.translate.data.ParallelData
+    model: nn.Module
+    kind = "translate"
+    metric = EXACT_MATCH
+    final_differs = False
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, *, resume: bool) -> TranslateTask:
+        from vitscope.translate.data import ParallelData, build_translator
+        from vitscope.translate.language import make_pair
+
+        pair = make_pair(cfg.seed, train_size=cfg.train_sentences, test_size=cfg.test_sentences,
+                         max_words=cfg.max_words)
+        data = ParallelData.build(pair)
+        check_batch(cfg, len(data.train), "sentences")
+        torch.manual_seed(cfg.seed)
+        model = build_translator(cfg.translator, data, dict(cfg.decoder_args), label_smoothing=cfg.label_smoothing)
+        return cls(cfg, data, model)
+
+    @property
+    def label(self) -> str:
+        from vitscope.translate.data import describe
+
+        return describe(self.model)
+
+    @property
+    def train_module(self) -> nn.Module:
+        return TranslationLosses(self.model)
+
+    @property
+    def train_size(self) -> int:
+        return len(self.data.train)
+
+    def batch(self, idx: Tensor, gen: torch.Generator) -> tuple:
+        return self.data.train.src[idx], self.data.train.tgt[idx]
+
+    def loss(self, net, batch, rows, device, bf16):
+        from vitscope.translate.evaluate import trim
+
+        src, tgt = trim(batch[0][rows], batch[1][rows])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            terms = net(src.to(device), tgt.to(device))
+        targets = int(terms["targets"])
+        return terms["loss"], StepStats(float(terms["xent"].item()) * targets, int(terms["correct"]), targets,
+                                        len(src))
+
+    def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
+        """Every rank translates the whole test split (it is small)."""
+        from vitscope.translate.evaluate import evaluate_translations
+
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            result = evaluate_translations(model, self.data.test, self.data.tgt_vocab, beam=self.cfg.eval_beam,
+                                           batch_size=min(self.cfg.eval_batch_size, 500), device=device)
+        m = result.metrics
+        row = {f"test_{k}": m[k] for k in ROW_METRICS if m.get(k) is not None}
+        return Evaluation(m["loss"], m["exact_match"], row=row,
+                          detail={"metrics": m, "translations": result.translations, "by_length": result.by_length})
+
+    def metadata(self) -> dict[str, str]:
+        from vitscope.translate.run import translation_metadata
+
+        return translation_metadata(self.model, self.data)
+
+    def report(self, run_dir: Path, model: nn.Module, result: TrainResult, final: Evaluation) -> None:
+        """curves.png, summary.json, alignment.png (the lecture's heatmap) and translations.html."""
+        from vitscope.training.curves import plot_curves, read_metrics
+        from vitscope.translate.data import describe
+        from vitscope.translate.run import write_translation_report
+
+        cfg, name = self.cfg, describe(model)
+        plot_curves(read_metrics(run_dir / "metrics.jsonl"), run_dir / "curves.png", self.metric,
+                    title=f"{name} on the synthetic language pair")
+        examples = self.data.test.examples
+        write_summary(run_dir, {
+            "task": "translate", "translator": cfg.translator, "decoder_args": dict(cfg.decoder_args),
+            "description": name, "dataset": cfg.dataset, "metric": self.metric.name,
+            self.metric.key: result.value, f"best_{self.metric.key}": result.best,
+            "test": dict(final.detail["metrics"]),
+            "exact_match_by_source_length": {str(n): v for n, v in final.detail["by_length"].items()},
+            "examples": [{"source": " ".join(e.source), "reference": " ".join(e.target), "translation": " ".join(t)}
+                         for e, t in zip(examples[:8], final.detail["translations"][:8])],
+            "vocabulary": {"source": len(self.data.src_vocab), "target": len(self.data.tgt_vocab)},
+            **run_facts(cfg, model, result),
+        })
+        write_translation_report(run_dir, model.eval(), self.data, sentences=max(cfg.explain_images, 1),
+                                 title=f"{name} on the synthetic language pair")

@@ -1,0 +1,126 @@
+"""The transformer translator: a pre-norm encoder over the source words, vitscope's TransformerDecoder
+cross-attending to it.
+
+    src (B, N) -> embedding + learned positions -> EncoderBlock x depth (padding-masked) -> LayerNorm -> memory
+    <bos> y1 y2 ... (B, T) -> TransformerDecoder(masked self-attention, cross-attention over memory) -> logits
+
+The encoder block is the ViT's (vit.Block) with a padding mask passed to its attention: source sentences
+differ in length, images do not. Every attention here is vitscope.attention.MultiHeadAttention. Decoding is
+the transformer captioner's step interface, which uses only `self.decoder` (its key/value caches, one memory
+row per sentence shared by its beams).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import Tensor, nn
+
+from vitscope.attention import MultiHeadAttention, key_padding_mask
+from vitscope.caption.transformer import TransformerCaptioner, param_groups
+from vitscope.caption.vocab import PAD
+from vitscope.decoder import TransformerDecoder
+from vitscope.errors import ConfigError
+from vitscope.positional import LearnedPositionalEmbedding
+from vitscope.translate.rnn import teacher_forced_losses
+from vitscope.vit import Mlp
+
+
+@dataclass
+class TransformerTranslatorConfig:
+    src_vocab_size: int
+    tgt_vocab_size: int
+    dim: int = 128
+    depth: int = 2  # encoder blocks, and as many decoder blocks
+    num_heads: int = 4
+    mlp_ratio: float = 2.0
+    drop: float = 0.1
+    max_len: int = 42  # target positions, <bos> included
+    max_src_len: int = 20  # source positions
+    label_smoothing: float = 0.0
+
+    def __post_init__(self):
+        for name in ("src_vocab_size", "tgt_vocab_size", "dim", "depth", "num_heads", "max_src_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.dim % self.num_heads:
+            raise ConfigError(f"dim ({self.dim}) must divide into num_heads ({self.num_heads}) equal heads")
+        if self.max_len < 2:
+            raise ConfigError(f"max_len must leave room for <bos> and one word, got {self.max_len}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TransformerTranslatorConfig:
+        return cls(**d)
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm encoder block with a padding mask: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, drop: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = MultiHeadAttention(dim, num_heads, proj_drop=drop)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """x (B, N, D), mask (B, 1, 1, N) True at real words -> (B, N, D)."""
+        x = x + self.attn(self.norm1(x), mask=mask)
+        return x + self.mlp(self.norm2(x))
+
+
+class TransformerTranslator(nn.Module):
+    kind = "transformer"
+    has_attention = True
+
+    def __init__(self, config: TransformerTranslatorConfig):
+        super().__init__()
+        self.config = config
+        d = config.dim
+        self.src_embed = nn.Embedding(config.src_vocab_size, d)
+        self.src_pos = LearnedPositionalEmbedding(config.max_src_len, d)
+        self.drop = nn.Dropout(config.drop)
+        self.blocks = nn.ModuleList([EncoderBlock(d, config.num_heads, config.mlp_ratio, config.drop)
+                                     for _ in range(config.depth)])
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.decoder = TransformerDecoder(config.tgt_vocab_size, d, config.depth, config.num_heads, config.max_len,
+                                          mlp_ratio=config.mlp_ratio, drop=config.drop)
+        nn.init.trunc_normal_(self.src_embed.weight, std=0.02)
+        self.max_len = config.max_len
+
+    def no_weight_decay(self) -> set[str]:
+        return {"src_embed.weight", "src_pos.weight", "decoder.token_embed.weight", "decoder.pos_embed.weight"}
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        return param_groups(self, weight_decay)
+
+    def encode(self, src: Tensor) -> Tensor:
+        """src (B, N) word ids, <pad> on the right -> memory (B, N, D)."""
+        mask = key_padding_mask(padded=src == PAD)  # (B, 1, 1, N)
+        x = self.drop(self.src_pos(self.src_embed(src)))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.norm(x)
+
+    def forward(self, src: Tensor, tgt: Tensor, *, return_weights: bool = False):
+        """Teacher forcing: logits (B, T-1, V) for tgt[:, 1:]; with `return_weights` also every decoder block's
+        cross-attention (B, T-1, L, H, N)."""
+        memory = self.encode(src)
+        return self.decoder(tgt[:, :-1], memory, context_padding_mask=src == PAD, return_weights=return_weights)
+
+    def losses(self, src: Tensor, tgt: Tensor) -> dict[str, Tensor]:
+        return teacher_forced_losses(self(src, tgt), tgt, self.config.label_smoothing)
+
+    def decode_with_attention(self, tokens: Tensor, memory: Tensor, *, caches=None,
+                              memory_padding: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """tokens (R, T) (only the new ones with `caches`) -> logits (R, T, V), weights (R, T, L, H, N)."""
+        return self.decoder(tokens, memory, context_padding_mask=memory_padding, caches=caches, return_weights=True)
+
+    # the step interface (vitscope.caption.decoding): the captioner's, which reads only self.decoder
+    start = TransformerCaptioner.start
+    step = TransformerCaptioner.step
+    extend = TransformerCaptioner.extend
+    reorder = TransformerCaptioner.reorder
