@@ -9,7 +9,13 @@ import torch
 
 from test_caption_models import images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
 from vitscope.caption.decoding import beam_search
-from vitscope.caption.plots import caption_figure, plot_caption_attention, word_maps, write_caption_explorer
+from vitscope.caption.plots import (
+    caption_figure,
+    explore_captions,
+    plot_caption_attention,
+    word_maps,
+    write_caption_explorer,
+)
 from vitscope.caption.vocab import Vocabulary
 from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_page
 
@@ -127,3 +133,19 @@ def test_page_from_hand_made_data(tmp_path):
                                  num_prefix_tokens=1)
     assert data["kind"] == "lstm" and data["images"][0]["words"] == ["bag", "<eos>"]
     assert write_caption_page(data, tmp_path / "p.html").read_text().count("<script") == 2
+
+
+def test_captions_page_shows_inline_and_saves_what_the_file_holds(tmp_path):
+    import html
+
+    from vitscope.figures import Figure
+
+    model = tiny("transformer")
+    imgs = (images(2).clamp(-2, 2) * 60 + 128).to(torch.uint8)
+    page = explore_captions(model, imgs, VOCAB, mean=(0.5,), std=(0.25,), beam=3, names=["first", "second"])
+    written = write_caption_explorer(model, imgs, VOCAB, tmp_path / "c.html", mean=(0.5,), std=(0.25,), beam=3,
+                                     names=["first", "second"])
+    assert page.html == written.read_text() and '"name":"second"' in page.html
+    assert html.escape(page.html, quote=True) in page._repr_html_()
+    fig = caption_figure(model, imgs[0], VOCAB, (0.5,), (0.25,), beam=3)
+    assert isinstance(fig, Figure) and fig._repr_png_().startswith(b"\x89PNG")

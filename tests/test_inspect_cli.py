@@ -41,6 +41,13 @@ def test_explain_run_directory_with_image_files(run_dir, tmp_path, capsys):
     page = (out / "explorer.html").read_text()
     assert "photo.jpg" in page and '"c' in page  # image names and class names reach the page
     assert (out / "distance.png").stat().st_size > 5_000
+    assert {p.name for p in out.iterdir()} == {"explorer.html", "overlays.png", "heads_last_layer.png",
+                                               "heads_all_layers.png", "distance.png", "regions.png", "stats.json"}
+    for p in out.glob("*.png"):
+        with Image.open(p) as im:
+            assert im.format == "PNG" and im.width > 200, p
+            im.verify()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
 
 
 def test_explain_errors_are_one_line_with_exit_code_2(run_dir, tmp_path, capsys):

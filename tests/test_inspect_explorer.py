@@ -124,3 +124,55 @@ def test_explorer_data_from_uint8_images_with_mean_std():
     np.testing.assert_allclose(w, torch.stack(cap.layers(), 1).numpy(), **TOL)
     with pytest.raises(ValueError, match="fewer images"):
         explorer_data(model, images, max_bytes=1000)
+
+
+def test_explore_is_a_page_a_notebook_shows_inline(tmp_path):
+    """`explore` returns the page `write_explorer` writes; its `_repr_html_` holds that page in an iframe."""
+    import base64
+    import html
+
+    from vitscope.inspect import explore
+    from vitscope.inspect.page import Page
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", depth=1, embed_dim=16, num_heads=2).eval()
+    images = torch.randn(2, 1, 28, 28)
+    page = explore(model, images, labels=[3, 4], class_names=[f"class {i}" for i in range(10)])
+    assert isinstance(page, Page)
+    shown = page._repr_html_()
+    assert shown.startswith("<iframe srcdoc=\"") and shown.endswith("</iframe>")
+    srcdoc = shown[len("<iframe srcdoc=\""):shown.index("\"", len("<iframe srcdoc=\""))]
+    assert html.unescape(srcdoc) == page.html  # the whole page, escaped once
+    data = json.loads(page.html.split('type="application/json">')[1].split("</script>")[0])
+    w = np.frombuffer(base64.b64decode(data["weights"]), dtype="<f2").reshape(2, 1, 2, 50, 50)
+    np.testing.assert_allclose(w[:, 0], capture_attention(model, images)[0].numpy(), **TOL)
+    assert data["images"][1]["label"] == "class 4"
+    written = write_explorer(model, images, tmp_path / "e.html", labels=[3, 4],
+                             class_names=[f"class {i}" for i in range(10)])
+    assert page.save(tmp_path / "p.html").read_text() == written.read_text() == page.html
+
+
+def test_explore_inline_runs_in_chromium(page_and_data, tmp_path):
+    """The page works inside the notebook's iframe as it does as a file."""
+    from vitscope.inspect import explore
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch4_28", depth=1, embed_dim=16, num_heads=2).eval()
+    images = torch.randn(1, 1, 28, 28)
+    w = capture_attention(model, images)[0].numpy()
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text("<!DOCTYPE html><html><body><h1>a notebook</h1>" + explore(model, images)._repr_html_()
+                        + "</body></html>")
+    page = page_and_data[0].context.browser.new_page()  # the module's browser: one Playwright at a time
+    try:
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(notebook.as_uri())
+        frame = page.frames[1]
+        frame.wait_for_function("window.vitscope && window.vitscope.ready")
+        m = frame.evaluate("window.vitscope.currentMap()")
+        np.testing.assert_allclose(m["row"], w[0, :, 0, 1:].mean(0), **TOL)
+        assert page.evaluate("window.vitscope === undefined")  # the page's script stays in its frame
+        assert errors == []
+    finally:
+        page.close()

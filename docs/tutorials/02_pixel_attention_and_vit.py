@@ -32,16 +32,14 @@
 # It takes a few minutes on 2 CPU cores.
 
 # %%
-import tempfile
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
-from IPython.display import Image, display
+from IPython.display import display
 
 from vitscope import SpatialSelfAttention, create_model
 from vitscope.data import eval_transform, load_dataset
@@ -67,14 +65,6 @@ from vitscope.inspect.plots import (
 
 torch.manual_seed(0)
 torch.set_printoptions(precision=3, sci_mode=False)
-pictures = Path(tempfile.mkdtemp(prefix="vitscope-tutorial-"))  # vitscope's plots write PNG files
-
-
-def show(path):
-    # vitscope.inspect.plots draws with matplotlib's Agg backend, which replaces a notebook's inline one
-    # once imported, so this tutorial shows every figure from its PNG file.
-    display(Image(filename=str(path)))
-
 
 train = load_dataset("fashion_mnist", "train")
 test = load_dataset("fashion_mnist", "test")
@@ -134,9 +124,8 @@ for i, ax in enumerate(axes.ravel()):
     ax.set_title(test.classes[int(y_test[i])], fontsize=9)
     ax.axis("off")
 fig.suptitle("Where the centre pixel (+) looks, untrained pixel attention")
-fig.savefig(pictures / "pixel_attention.png", dpi=100)
+display(fig)
 plt.close(fig)
-show(pictures / "pixel_attention.png")
 
 # %% [markdown]
 # ## Multi-head pixel attention: one group of channels per head
@@ -231,16 +220,15 @@ print(len(capture), "layers:", capture.names)
 print("weights of layer 0:", tuple(capture[0].shape), "layout:", capture.layout)
 assert torch.allclose(capture.output, model(images), atol=1e-4)  # capturing does not change the output
 
-plot_overlays(test.images[:4], capture, pictures / "overlays.png", predictions=capture.output.argmax(-1),
-              labels=y_test[:4], class_names=test.classes, max_images=4)
-show(pictures / "overlays.png")
+# vitscope's plots return matplotlib figures: a notebook shows them; a `path` would also save them
+display(plot_overlays(test.images[:4], capture, predictions=capture.output.argmax(-1), labels=y_test[:4],
+                      class_names=test.classes, max_images=4))
 
 # %% [markdown]
 # Every head of every layer, for the first image: the CLS token's attention over the patches.
 
 # %%
-plot_heads_grid(test.images[0], capture, pictures / "heads.png")
-show(pictures / "heads.png")
+display(plot_heads_grid(test.images[0], capture))
 
 # %% [markdown]
 # ## The four regions of the attention matrix
@@ -274,8 +262,7 @@ print(f"{'layer':>5} " + " ".join(f"{r:>12}" for r in REGIONS))
 for layer in range(len(capture)):
     print(f"{layer:>5} " + " ".join(f"{stats.regions[layer, :, i].mean():>12.3f}" for i in range(4)))
 
-plot_regions(stats, pictures / "regions.png")
-show(pictures / "regions.png")
+display(plot_regions(stats))
 
 # %% [markdown]
 # ## Mean attention distance
@@ -295,8 +282,7 @@ assert (stats.distance >= 0).all() and (stats.distance <= patch_distances(layout
 print(f"uniform attention: {uniform_distance(layout):.1f} px")
 for layer in range(len(capture)):
     print(f"layer {layer}: " + ", ".join(f"{d:4.1f}" for d in stats.distance[layer]) + " px")
-plot_distance(stats, pictures / "distance.png")
-show(pictures / "distance.png")
+display(plot_distance(stats))
 
 # %% [markdown]
 # ## Which heads matter?
@@ -311,12 +297,10 @@ importance = ablation_importance(model, subset, batch_size=500)
 print(f"accuracy with every head: {importance.base_accuracy:.2%}")
 print("accuracy change when one head is removed, points (rows: layers, columns: heads)")
 print(np.array2string(importance.delta_accuracy * 100, precision=1, suppress_small=True))
-plot_importance(importance, pictures / "importance.png")
-show(pictures / "importance.png")
+display(plot_importance(importance))
 
 curve = pruning_curve(model, subset, importance, steps=8, batch_size=500)
-plot_pruning({"by ablation": curve}, pictures / "pruning.png")
-show(pictures / "pruning.png")
+display(plot_pruning({"by ablation": curve}))
 for removed, acc in zip(curve.removed, curve.accuracy):
     print(f"{removed:>2} heads removed: {acc:.2%}")
 

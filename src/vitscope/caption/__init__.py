@@ -10,7 +10,7 @@
     metrics.py           BLEU-1..4 and CIDEr-D as the COCO evaluation computes them; grounding
     evaluate.py          decode a split and score it
     task.py              data by name, captioners by config, the vocabulary with the checkpoint
-    plots.py             one panel per generated word with where it looked (imports matplotlib)
+    plots.py             one panel per generated word with where it looked; the caption explorer (matplotlib)
 """
 
 from vitscope.caption.dataset import CaptionDataset

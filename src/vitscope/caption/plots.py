@@ -6,9 +6,11 @@ or the mean of heads; for the LSTM, its alignment map.
     plot_caption_attention(images[0], decoded.words(vocab)[0], decoded.attention[0], grid=model.grid,
                            num_prefix_tokens=model.num_prefix_tokens, path="caption.png")
 
-`write_caption_explorer` captions images and writes the explorer's caption page (vitscope.inspect.caption_explorer).
+`explore_captions` captions images into the explorer's caption page (vitscope.inspect.caption_explorer), which a
+notebook shows inline; `write_caption_explorer` writes it to a file.
 
-Figures are drawn on matplotlib's `Figure` with the Agg canvas (no pyplot, no global state, no display).
+Figures are matplotlib's, drawn without pyplot (no backend switched, no global state): `vitscope.figures.Figure`,
+which a notebook shows inline.
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from vitscope.caption.decoding import beam_search, decode, greedy
 from vitscope.caption.vocab import Vocabulary
 from vitscope.data import normalize
-from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_page
-from vitscope.io import save_figure
+from vitscope.figures import Figure
+from vitscope.inspect.caption_explorer import caption_explorer_data, caption_page
+from vitscope.inspect.page import Page
 
 
 def word_maps(attention: Tensor, grid: tuple[int, int], *, num_prefix_tokens: int = 0,
@@ -106,7 +108,7 @@ def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tenso
         fig.text(0.01, 0.005, "references: " + " | ".join(references), fontsize=7, wrap=True)
     fig.tight_layout()
     if path is not None:
-        save_figure(fig, path)
+        fig.save(path)
     return fig
 
 
@@ -120,14 +122,23 @@ def caption_figure(model, image: Tensor, vocab: Vocabulary, mean: Sequence[float
                                   num_prefix_tokens=model.num_prefix_tokens, path=path, **kwargs)
 
 
-def write_caption_explorer(model, images: Tensor, vocab: Vocabulary, out_path: str | Path, *,
-                           mean: Sequence[float], std: Sequence[float], beam: int = 5, max_len: int | None = None,
-                           references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
-                           title: str = "vitscope captions") -> Path:
+def explore_captions(model, images: Tensor, vocab: Vocabulary, *, mean: Sequence[float], std: Sequence[float],
+                     beam: int = 5, max_len: int | None = None, references: Sequence[Sequence[str]] | None = None,
+                     names: Sequence[str] | None = None, title: str = "vitscope captions") -> Page:
     """Caption uint8 `images` (B, C, H, W) with `model` (eval mode; normalised with the training
-    mean/std) and write the caption explorer's page: each word with where it looked."""
+    mean/std) into the explorer's caption page, each word with where it looked: a notebook shows it
+    inline, `.save(path)` writes it."""
     out = decode(model, normalize(images, mean, std), beam=beam, max_len=max_len)
     attentions = [a[: int(n)] for a, n in zip(out.attention, out.lengths)]
     data = caption_explorer_data(images, out.words(vocab), attentions, grid=tuple(model.grid),
                                  num_prefix_tokens=model.num_prefix_tokens, references=references, names=names)
-    return write_caption_page(data, out_path, title=title)
+    return caption_page(data, title=title)
+
+
+def write_caption_explorer(model, images: Tensor, vocab: Vocabulary, out_path: str | Path, *,
+                           mean: Sequence[float], std: Sequence[float], beam: int = 5, max_len: int | None = None,
+                           references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
+                           title: str = "vitscope captions") -> Path:
+    """`explore_captions(...)` written to `out_path` (.html)."""
+    return explore_captions(model, images, vocab, mean=mean, std=std, beam=beam, max_len=max_len,
+                            references=references, names=names, title=title).save(out_path)

@@ -3,6 +3,7 @@
     from vitscope.inspect import capture_attention, rollout, head_stats
     cap = capture_attention(model, images)          # cap[i]: (B, H, N, N) of block i
     maps = rollout_map(rollout(cap.layers(), num_prefix_tokens=1), cap.layout)  # (B, h, w)
+    explore(model, images)                          # the interactive explorer, inline in a notebook
 """
 
 from vitscope.inspect.capture import (
@@ -42,7 +43,7 @@ __all__ = [
     "TokenLayout", "ablation_importance", "attention_modules", "capture_attention", "capturing", "cls_maps",
     "entropy", "estimate_bytes", "evaluate", "fuse_heads", "grad_rollout", "gradient_importance",
     "head_stats", "mean_distance", "patch_distances", "pruning_curve", "query_map", "rank_heads",
-    "region_mass", "rollout", "rollout_map", "token_layout", "write_explorer", "write_report",
+    "region_mass", "rollout", "rollout_map", "token_layout", "explore", "write_explorer", "write_report",
 ]
 
 
@@ -52,8 +53,8 @@ def __getattr__(name):
         from vitscope.inspect.plots import write_report
 
         return write_report
-    if name == "write_explorer":
-        from vitscope.inspect.explorer import write_explorer
+    if name in ("explore", "write_explorer"):
+        from vitscope.inspect import explorer
 
-        return write_explorer
+        return getattr(explorer, name)
     raise AttributeError(f"module 'vitscope.inspect' has no attribute {name!r}")

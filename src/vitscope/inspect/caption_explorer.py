@@ -8,7 +8,8 @@ of heads; the LSTM's alignment map. The image's reference captions stand beside 
 
     data = caption_explorer_data(images, words, attentions, grid=(7, 7), num_prefix_tokens=1,
                                  references=ds.captions[:8])
-    write_caption_page(data, "captions.html")
+    caption_page(data)                       # in a notebook cell: the page, inline
+    write_caption_page(data, "captions.html")  # the same page as a file
 
 The page takes plain data (words and their attention arrays), so it draws any captioner's output;
 `vitscope.caption.plots.write_caption_explorer` decodes a model's captions into it.
@@ -25,7 +26,7 @@ from pathlib import Path
 from torch import Tensor
 
 from vitscope.errors import ConfigError
-from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, half_b64, png_data_url, write_page
+from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, Page, half_b64, png_data_url, render_page
 
 
 def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], attentions: Sequence[Tensor], *,
@@ -63,9 +64,14 @@ def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], att
             "kind": "lstm" if attentions and attentions[0].ndim == 2 else "transformer", "images": entries}
 
 
+def caption_page(data: dict, *, title: str = "vitscope captions") -> Page:
+    """The page for `caption_explorer_data`'s data: a notebook shows it inline, `.save(path)` writes it."""
+    return Page(render_page(title=title, data=data, css=CSS, body=BODY, script=SCRIPT))
+
+
 def write_caption_page(data: dict, out_path: str | Path, *, title: str = "vitscope captions") -> Path:
     """The page for `caption_explorer_data`'s data, written to `out_path` (.html)."""
-    return write_page(out_path, title=title, data=data, css=CSS, body=BODY, script=SCRIPT)
+    return caption_page(data, title=title).save(out_path)
 
 
 CSS = """  #caption { font-size: 18px; max-width: 560px; margin: 4px 0 10px; }

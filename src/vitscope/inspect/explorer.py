@@ -3,6 +3,9 @@
 A person picks an image, a layer and a head (or the mean of heads), hovers a patch to see where it
 looks (its row) and what looks at it (its column), switches to the CLS map or to rollout, and reads
 the head statistics. Weights travel as base64 float16, (B, L, H, N, N) for the images shown.
+
+    explore(model, images)                               # in a notebook cell: the explorer, inline
+    write_explorer(model, images, "explorer.html")       # the same page as a file
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from vitscope.inspect.capture import capture_attention
 from vitscope.inspect.explorer_page import BODY, CSS, SCRIPT
 from vitscope.inspect.images import model_inputs
 from vitscope.inspect.importance import HeadImportance
-from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, half_b64, png_data_url, write_page
+from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, Page, half_b64, png_data_url, render_page
 from vitscope.inspect.rollout import rollout
 from vitscope.inspect.stats import HeadStats, head_stats, nan_to_none
 
@@ -76,14 +79,13 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
     }
 
 
-def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
-                   labels: Sequence[int] | Tensor | None = None, class_names: Sequence[str] | None = None,
-                   stats: HeadStats | None = None,
-                   importance: HeadImportance | dict[str, HeadImportance] | None = None,
-                   image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
-                   std: Sequence[float] | None = None, title: str = "vitscope explorer",
-                   max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Path:
-    """Write the explorer for `images` (B, C, H, W) to `out_path` (.html).
+def explore(model: nn.Module, images: Tensor, *, labels: Sequence[int] | Tensor | None = None,
+            class_names: Sequence[str] | None = None, stats: HeadStats | None = None,
+            importance: HeadImportance | dict[str, HeadImportance] | None = None,
+            image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
+            std: Sequence[float] | None = None, title: str = "vitscope explorer",
+            max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Page:
+    """The explorer for `images` (B, C, H, W): a `Page` that a notebook shows inline and `.save(path)` writes.
 
     `images` are float tensors as the model takes them, or uint8 with the training `mean`/`std`
     (drawn then as they are). `stats` and `importance` fill the head table (computed when absent:
@@ -92,4 +94,16 @@ def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
     data = explorer_data(model, images, labels=labels, class_names=class_names, stats=stats,
                          importance=importance, image_names=image_names, mean=mean, std=std,
                          max_bytes=max_bytes)
-    return write_page(out_path, title=title, data=nan_to_none(data), css=CSS, body=BODY, script=SCRIPT)
+    return Page(render_page(title=title, data=nan_to_none(data), css=CSS, body=BODY, script=SCRIPT), height=900)
+
+
+def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
+                   labels: Sequence[int] | Tensor | None = None, class_names: Sequence[str] | None = None,
+                   stats: HeadStats | None = None,
+                   importance: HeadImportance | dict[str, HeadImportance] | None = None,
+                   image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
+                   std: Sequence[float] | None = None, title: str = "vitscope explorer",
+                   max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Path:
+    """Write the explorer for `images` (B, C, H, W) to `out_path` (.html): `explore(...).save(out_path)`."""
+    return explore(model, images, labels=labels, class_names=class_names, stats=stats, importance=importance,
+                   image_names=image_names, mean=mean, std=std, title=title, max_bytes=max_bytes).save(out_path)

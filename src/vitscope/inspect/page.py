@@ -3,7 +3,9 @@
 as PNG data URLs and its attention as base64 float16, the base styles, and the JavaScript that decodes the weights,
 colours a map and fills the menus.
 
-    write_page(path, title=..., data=..., css=PAGE_CSS, body=PAGE_BODY, script=PAGE_SCRIPT)
+    page = Page(render_page(title=..., data=..., css=PAGE_CSS, body=PAGE_BODY, script=PAGE_SCRIPT))
+    page            # in a notebook cell: the page itself, inline (in an iframe, so its styles and script stay its own)
+    page.save(path) # the same page as a file
 
 A page's script runs after the shared helpers inside one function, with `D`, the page's data, already parsed.
 """
@@ -54,9 +56,33 @@ def render_page(*, title: str, data: dict, css: str, body: str, script: str) -> 
             f"{BASE_JS}{script}}})();\n</script>\n</body>\n</html>\n")
 
 
+class Page:
+    """One self-contained HTML page: `html` its text, `save(path)` writes it, and a notebook shows it inline.
+
+    Jupyter renders `_repr_html_` into the notebook's own document; the page goes into an iframe's `srcdoc`
+    there, so its styles and its script (and its `window.vitscope`) cannot touch the notebook or another page.
+    """
+
+    def __init__(self, html: str, *, height: int = 760):
+        self.html = html
+        self.height = height
+
+    def save(self, path: str | Path) -> Path:
+        """Write the page to `path` (.html) whole: a reader never sees half a page."""
+        return atomic_write_text(path, self.html)
+
+    def _repr_html_(self) -> str:
+        return (f'<iframe srcdoc="{html.escape(self.html, quote=True)}" title="vitscope" '
+                f'style="width: 100%; height: {int(self.height)}px; border: 1px solid #ddd; resize: vertical">'
+                "</iframe>")
+
+    def __repr__(self) -> str:
+        return f"<vitscope.inspect.page.Page, {len(self.html):,} characters of HTML>"
+
+
 def write_page(out_path: str | Path, *, title: str, data: dict, css: str, body: str, script: str) -> Path:
     """Write `render_page(...)` to `out_path` whole (a reader never sees half a page)."""
-    return atomic_write_text(out_path, render_page(title=title, data=data, css=css, body=body, script=script))
+    return Page(render_page(title=title, data=data, css=css, body=body, script=script)).save(out_path)
 
 
 BASE_CSS = """  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 16px; color: #222; background: #fafafa; }

@@ -1,7 +1,11 @@
-"""Pictures of what a ViT attends to (matplotlib, Agg backend, PNG files).
+"""Pictures of what a ViT attends to, as matplotlib figures.
 
-Each `plot_*` function draws one figure and saves it; `write_report` writes the standard set for a
-model and a batch of images into a folder.
+Each `plot_*` function draws one figure and returns it (a `vitscope.figures.Figure`: in a notebook it shows
+inline); given a `path`, it also writes the figure there (PNG, atomically). `write_report` writes the
+standard set for a model and a batch of images into a folder.
+
+    fig = plot_regions(head_stats(capture_attention(model, images)))   # a notebook shows it
+    plot_regions(stats, "regions.png")                                   # and a file holds it
 """
 
 from __future__ import annotations
@@ -11,24 +15,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+import torch
+from torch import Tensor, nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-from vitscope.inspect.capture import AttentionCapture, TokenLayout, capture_attention  # noqa: E402
-from vitscope.inspect.images import display_image, model_inputs  # noqa: E402
-from vitscope.inspect.importance import (  # noqa: E402
+from vitscope.figures import Figure
+from vitscope.inspect.capture import AttentionCapture, TokenLayout, capture_attention
+from vitscope.inspect.images import display_image, model_inputs
+from vitscope.inspect.importance import (
     HeadImportance,
     PruningCurve,
     ablation_importance,
     gradient_importance,
     pruning_curve,
 )
-from vitscope.inspect.rollout import grad_rollout, rollout, rollout_map  # noqa: E402
-from vitscope.inspect.stats import (  # noqa: E402
+from vitscope.inspect.rollout import grad_rollout, rollout, rollout_map
+from vitscope.inspect.stats import (
     REGION_LABELS,
     REGIONS,
     HeadStats,
@@ -37,7 +39,6 @@ from vitscope.inspect.stats import (  # noqa: E402
     nan_to_none,
     patch_distances,
 )
-from vitscope.io import save_figure  # noqa: E402
 
 OVERLAY_CMAP = "inferno"
 
@@ -68,21 +69,20 @@ def overlay(ax, image: Tensor | np.ndarray, attention: Tensor | np.ndarray, *, a
         ax.set_title(title, fontsize=9)
 
 
-def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(fig, path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+def _done(fig: Figure, path: str | Path | None) -> Figure:
+    if path is not None:
+        fig.save(path, dpi=110, bbox_inches="tight")
+    return fig
 
 
 def _label(i: int, names: Sequence[str] | None) -> str:
     return names[i] if names is not None and i < len(names) else str(i)
 
 
-def plot_overlays(images: Tensor, capture: AttentionCapture, path: Path, *, grad_maps: Tensor | None = None,
-                  predictions: Tensor | None = None, labels: Sequence[int | None] | Tensor | None = None,
-                  class_names: Sequence[str] | None = None, max_images: int = 8) -> Path:
+def plot_overlays(images: Tensor, capture: AttentionCapture, path: str | Path | None = None, *,
+                  grad_maps: Tensor | None = None, predictions: Tensor | None = None,
+                  labels: Sequence[int | None] | Tensor | None = None,
+                  class_names: Sequence[str] | None = None, max_images: int = 8) -> Figure:
     """One row per image: the image, last-layer CLS attention (mean of heads), rollout, and
     gradient-weighted rollout when `grad_maps` (B, h, w) is given."""
     layout = capture.layout
@@ -94,8 +94,8 @@ def plot_overlays(images: Tensor, capture: AttentionCapture, path: Path, *, grad
     if grad_maps is not None:
         cols.append(("gradient-weighted rollout", grad_maps))
     aspect = layout.image_size[1] / layout.image_size[0]
-    fig, axes = plt.subplots(n, len(cols) + 1, figsize=(2.3 * aspect * (len(cols) + 1) + 0.5, 2.5 * n + 0.4),
-                             squeeze=False, layout="constrained")
+    fig = Figure(figsize=(2.3 * aspect * (len(cols) + 1) + 0.5, 2.5 * n + 0.4), layout="constrained")
+    axes = fig.subplots(n, len(cols) + 1, squeeze=False)
     for i in range(n):
         head = f"image {i}"
         if predictions is not None:
@@ -107,18 +107,19 @@ def plot_overlays(images: Tensor, capture: AttentionCapture, path: Path, *, grad
         for j, (name, maps) in enumerate(cols, start=1):
             overlay(axes[i, j], images[i], maps[i], title=name if i == 0 else None)
     fig.suptitle("Where the model looks (brighter = more; each map from 0 to its own maximum)", fontsize=10)
-    return _save(fig, path)
+    return _done(fig, path)
 
 
-def plot_heads_grid(image: Tensor, capture: AttentionCapture, path: Path, *, image_index: int = 0,
-                    layers: Sequence[int] | None = None) -> Path:
+def plot_heads_grid(image: Tensor, capture: AttentionCapture, path: str | Path | None = None, *,
+                    image_index: int = 0, layers: Sequence[int] | None = None) -> Figure:
     """CLS→patch attention of every head (columns) of the chosen layers (rows) for one image."""
     layout = capture.layout
     layers = list(range(len(capture))) if layers is None else list(layers)
     heads = capture[layers[0]].shape[1]
     aspect = layout.image_size[1] / layout.image_size[0]
     size = (1.7 * aspect * heads + 0.6, 1.8 * len(layers) + 0.5)
-    fig, axes = plt.subplots(len(layers), heads, figsize=size, squeeze=False, layout="constrained")
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(len(layers), heads, squeeze=False)
     for r, layer in enumerate(layers):
         maps = cls_maps(capture[layer], layout)[image_index]  # (H, h, w)
         for h in range(heads):
@@ -130,7 +131,7 @@ def plot_heads_grid(image: Tensor, capture: AttentionCapture, path: Path, *, ima
                 ax.set_ylabel(f"layer {layer}", fontsize=9)
     what = "CLS" if layout.num_prefix_tokens else "mean patch query"
     fig.suptitle(f"{what} → patch attention per head (each map scaled to its own maximum)", fontsize=10)
-    return _save(fig, path)
+    return _done(fig, path)
 
 
 def uniform_distance(layout: TokenLayout) -> float:
@@ -138,13 +139,14 @@ def uniform_distance(layout: TokenLayout) -> float:
     return float(patch_distances(layout).mean())
 
 
-def plot_distance(stats: HeadStats, path: Path) -> Path:
+def plot_distance(stats: HeadStats, path: str | Path | None = None) -> Figure:
     """Mean attention distance of every head against depth (the ViT paper's Figure 7)."""
     dist = stats.distance
     layers, heads = dist.shape
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * layers + 3.5), 3.8), layout="constrained")
+    fig = Figure(figsize=(max(5.0, 0.45 * layers + 3.5), 3.8), layout="constrained")
+    ax = fig.subplots()
     offsets = np.linspace(-0.2, 0.2, heads) if heads > 1 else np.zeros(1)
-    colors = plt.get_cmap("tab10" if heads <= 10 else "tab20")
+    colors = matplotlib.colormaps["tab10" if heads <= 10 else "tab20"]
     for h in range(heads):
         ax.scatter(np.arange(layers) + offsets[h], dist[:, h], color=colors(h % colors.N), s=30,
                    edgecolors="k", linewidths=0.4, label=f"head {h}" if heads <= 20 else None, zorder=3)
@@ -157,7 +159,7 @@ def plot_distance(stats: HeadStats, path: Path) -> Path:
     ax.set_title("Mean attention distance per head", fontsize=10)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _done(fig, path)
 
 
 def _heatmap(ax, values: np.ndarray, *, title: str, cmap: str, vmin=None, vmax=None, fmt: str = "{:.2f}",
@@ -182,11 +184,11 @@ def _heatmap(ax, values: np.ndarray, *, title: str, cmap: str, vmin=None, vmax=N
     return im
 
 
-def plot_regions(stats: HeadStats, path: Path) -> Path:
+def plot_regions(stats: HeadStats, path: str | Path | None = None) -> Figure:
     """Attention mass in the four regions, per layer and head (each row set sums to 1)."""
-    fig, axes = plt.subplots(2, 2, figsize=(2 * max(3.2, 0.5 * stats.regions.shape[1] + 1.6),
-                                            2 * max(2.6, 0.38 * stats.regions.shape[0] + 1.2)),
-                             layout="constrained")
+    fig = Figure(figsize=(2 * max(3.2, 0.5 * stats.regions.shape[1] + 1.6),
+                          2 * max(2.6, 0.38 * stats.regions.shape[0] + 1.2)), layout="constrained")
+    axes = fig.subplots(2, 2)
     for ax, name in zip(axes.ravel(), REGIONS):
         values = stats.region(name)
         im = _heatmap(ax, values, title=REGION_LABELS[name], cmap="viridis", vmin=0, vmax=1)
@@ -194,10 +196,11 @@ def plot_regions(stats: HeadStats, path: Path) -> Path:
             ax.text(0.5, 0.5, "the model has no CLS token", transform=ax.transAxes, ha="center", va="center")
     fig.colorbar(im, ax=axes, shrink=0.8, label="share of the row's attention")
     fig.suptitle("The four regions: top, CLS rows; bottom, patch rows (each pair sums to 1)", fontsize=10)
-    return _save(fig, path)
+    return _done(fig, path)
 
 
-def plot_importance(importance: HeadImportance | Sequence[HeadImportance], path: Path) -> Path:
+def plot_importance(importance: HeadImportance | Sequence[HeadImportance],
+                    path: str | Path | None = None) -> Figure:
     """Heat map (layer × head) of each importance measure given."""
     items = [importance] if isinstance(importance, HeadImportance) else list(importance)
     panels = []
@@ -211,18 +214,19 @@ def plot_importance(importance: HeadImportance | Sequence[HeadImportance], path:
             panels.append((imp.score, "gradient sensitivity\nmean |∂loss/∂head mask|", "magma", "{:.3f}"))
     layers, heads = items[0].score.shape
     w, h = max(3.6, 0.55 * heads + 2.0), max(3.0, 0.4 * layers + 1.5)
-    fig, axes = plt.subplots(1, len(panels), figsize=(w * len(panels), h), squeeze=False,
-                             layout="constrained")
+    fig = Figure(figsize=(w * len(panels), h), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for ax, (values, title, cmap, fmt) in zip(axes[0], panels):
         im = _heatmap(ax, values, title=title, cmap=cmap, fmt=fmt, center=cmap.startswith("RdBu"))
         fig.colorbar(im, ax=ax, shrink=0.85)
     fig.suptitle("Head importance", fontsize=10)
-    return _save(fig, path)
+    return _done(fig, path)
 
 
-def plot_pruning(curves: dict[str, PruningCurve], path: Path) -> Path:
+def plot_pruning(curves: dict[str, PruningCurve], path: str | Path | None = None) -> Figure:
     """Accuracy as heads are removed, least important first, for each ranking given."""
-    fig, ax = plt.subplots(figsize=(5, 3.5), layout="constrained")
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    ax = fig.subplots()
     for name, c in curves.items():
         ax.plot(c.removed, np.asarray(c.accuracy) * 100, marker="o", ms=3, label=name)
     total = len(next(iter(curves.values())).order)
@@ -232,7 +236,7 @@ def plot_pruning(curves: dict[str, PruningCurve], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Removing heads, least important first", fontsize=10)
-    return _save(fig, path)
+    return _done(fig, path)
 
 
 def write_report(model: nn.Module, images: Tensor, out_dir: str | Path,
@@ -258,15 +262,15 @@ def write_report(model: nn.Module, images: Tensor, out_dir: str | Path,
     preds = cap.output.argmax(-1) if isinstance(cap.output, Tensor) else None
     grad_maps = rollout_map(grad_rollout(model, images[:max_images]), cap.layout)
     stats = head_stats(cap)
-    paths = [
-        plot_overlays(originals[:max_images], cap, out / "overlays.png", grad_maps=grad_maps,
-                      predictions=preds, labels=labels, class_names=class_names, max_images=max_images),
-        plot_heads_grid(originals[0], cap, out / "heads_last_layer.png", layers=[len(cap) - 1]),
-        plot_heads_grid(originals[0], cap, out / "heads_all_layers.png",
-                        layers=np.linspace(0, len(cap) - 1, min(len(cap), 12)).round().astype(int).tolist()),
-        plot_distance(stats, out / "distance.png"),
-        plot_regions(stats, out / "regions.png"),
-    ]
+    paths = [out / name for name in ("overlays.png", "heads_last_layer.png", "heads_all_layers.png",
+                                     "distance.png", "regions.png")]
+    plot_overlays(originals[:max_images], cap, paths[0], grad_maps=grad_maps, predictions=preds, labels=labels,
+                  class_names=class_names, max_images=max_images)
+    plot_heads_grid(originals[0], cap, paths[1], layers=[len(cap) - 1])
+    plot_heads_grid(originals[0], cap, paths[2],
+                    layers=np.linspace(0, len(cap) - 1, min(len(cap), 12)).round().astype(int).tolist())
+    plot_distance(stats, paths[3])
+    plot_regions(stats, paths[4])
     report = {"layout": cap.layout.to_dict(), "stats": stats.to_dict()}
     data = dataset
     if data is None and labels is not None and all(y is not None for y in labels):
@@ -276,8 +280,9 @@ def write_report(model: nn.Module, images: Tensor, out_dir: str | Path,
         abl = importance.get("ablation") or ablation_importance(model, data)
         grad = importance.get("gradient") or gradient_importance(model, data)
         curves = {f"by {i.method}": pruning_curve(model, data, i, steps=pruning_steps) for i in (abl, grad)}
-        paths += [plot_importance([abl, grad], out / "importance.png"),
-                  plot_pruning(curves, out / "pruning.png")]
+        plot_importance([abl, grad], out / "importance.png")
+        plot_pruning(curves, out / "pruning.png")
+        paths += [out / "importance.png", out / "pruning.png"]
         report["importance"] = {"ablation": abl.to_dict(), "gradient": grad.to_dict()}
         report["pruning"] = {k: c.to_dict() for k, c in curves.items()}
     (out / "stats.json").write_text(json.dumps(nan_to_none(report), indent=1, allow_nan=False))

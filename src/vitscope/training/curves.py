@@ -1,18 +1,14 @@
-"""Pictures of a training run: learning curves and the confusion matrix (matplotlib, PNG)."""
+"""Pictures of a training run: learning curves and the confusion matrix (matplotlib figures, written as PNG)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from vitscope.io import save_figure  # noqa: E402
-from vitscope.training.task import Metric  # noqa: E402
+from vitscope.figures import Figure
+from vitscope.training.task import Metric
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -23,7 +19,8 @@ def plot_curves(metrics: list[dict], out: Path, metric: Metric, title: str = "")
     """Loss and the task's metric against epoch (with the training side's where the loop measures it), and
     the metric against training wall time."""
     rows = [m for m in metrics if metric.key in m]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig = Figure(figsize=(14, 4))
+    axes = fig.subplots(1, 3)
     ep = [m["epoch"] for m in rows]
     test = [metric.scale(m[metric.key]) for m in rows]
     axes[0].plot(ep, [m["train_loss"] for m in rows], "o-", label="train")
@@ -42,8 +39,7 @@ def plot_curves(metrics: list[dict], out: Path, metric: Metric, title: str = "")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    save_figure(fig, out, dpi=110)
-    plt.close(fig)
+    fig.save(out, dpi=110)
     return out
 
 
@@ -53,7 +49,8 @@ def plot_confusion(matrix: np.ndarray, classes: list[str], out: Path, title: str
     norm = matrix / np.maximum(matrix.sum(1, keepdims=True), 1)
     n = len(classes)
     size = max(6, 0.55 * n + 2)
-    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    fig = Figure(figsize=(size, size * 0.9))
+    ax = fig.subplots()
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(n), classes, rotation=45, ha="right")
     ax.set_yticks(range(n), classes)
@@ -66,6 +63,5 @@ def plot_confusion(matrix: np.ndarray, classes: list[str], out: Path, title: str
                             color="white" if norm[i, j] > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    save_figure(fig, out, dpi=110)
-    plt.close(fig)
+    fig.save(out, dpi=110)
     return out
