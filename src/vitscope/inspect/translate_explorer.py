@@ -21,7 +21,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from vitscope.inspect.page import half_b64, write_page
+from vitscope.inspect.page import Page, half_b64, render_page
 
 
 def translate_explorer_data(sources: Sequence[Sequence[str]], translations: Sequence[Sequence[str]],
@@ -47,8 +47,14 @@ def translate_explorer_data(sources: Sequence[Sequence[str]], translations: Sequ
     return {"num_layers": layers, "num_heads": heads, "images": [], "sentences": entries}
 
 
+def translate_page(data: dict, *, title: str = "vitscope translations") -> Page:
+    """The page for `translate_explorer_data`'s data: a notebook shows it inline, `.save(path)` writes it."""
+    return Page(render_page(title=title, data=data, css=CSS, body=BODY, script=SCRIPT))
+
+
 def write_translate_page(data: dict, out_path: str | Path, *, title: str = "vitscope translations") -> Path:
-    return write_page(out_path, title=title, data=data, css=CSS, body=BODY, script=SCRIPT)
+    """The page for `translate_explorer_data`'s data, written to `out_path` (.html)."""
+    return translate_page(data, title=title).save(out_path)
 
 
 CSS = """  .words { font-size: 18px; margin: 4px 0 10px; }

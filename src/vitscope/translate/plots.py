@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
+
+from vitscope.figures import Figure
 
 
 def alignment_figure(source: Sequence[str], target: Sequence[str], attention: Tensor | np.ndarray, *,
@@ -41,7 +42,7 @@ def alignment_figure(source: Sequence[str], target: Sequence[str], attention: Te
         ax.set_title(title, fontsize=10, pad=8)
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="attention")
     if path is not None:
-        fig.savefig(path)
+        fig.save(path)
     return fig
 
 
@@ -68,5 +69,5 @@ def accuracy_by_length_figure(curves: dict[str, dict[int, tuple[float, int]]], *
     if title:
         ax.set_title(title, fontsize=10)
     if path is not None:
-        fig.savefig(path)
+        fig.save(path)
     return fig
