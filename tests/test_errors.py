@@ -254,3 +254,36 @@ def test_a_bad_model_setting_is_one_line_with_exit_code_2(capsys, tmp_path):
     err = one_line_error([*TRAIN, "--set", "num_heads=3", "--out", str(tmp_path / "run")], capsys)
     assert "embed_dim=16 is not divisible by num_heads=3" in err
 
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--set", "embed_dim=1000000000000"], ["the model", "parameters", "GiB", "embed_dim, depth"]),
+    (["--set", "depth=100000000", "--set", "embed_dim=1024"], ["the model", "parameters", "GiB"]),
+])
+def test_a_model_larger_than_memory_is_refused_before_any_work(flags, words, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error([*TRAIN, *flags, "--out", str(out)], capsys)
+    assert all(w in err for w in words), err
+    assert not out.exists()  # refused before the run folder was made
+
+
+@pytest.mark.parametrize("flags", [["--decoder-set", "dim=1000000"],
+                                   ["--captioner", "lstm", "--decoder-set", "embed_dim=1000000000000"]])
+def test_a_decoder_larger_than_memory_is_refused_before_any_work(flags, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error(["train", "--task", "caption", "--init-weights", "none", *flags, "--out", str(out)], capsys)
+    assert "the decoder" in err and "--decoder-set" in err, err
+    assert not out.exists()
+
+
+def test_torchs_refusal_to_allocate_is_one_line(monkeypatch, capsys):
+    """Whatever the checks miss (a batch, a forward), torch's allocator error is out of memory in one line."""
+    from vitscope.cli import bench
+
+    def alloc(args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 64000000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(bench, "run_bench", alloc)
+    err = one_line_error(["bench"], capsys)
+    assert "out of memory" in err and "59,604.6 GiB" in err and "--batch-size" in err, err

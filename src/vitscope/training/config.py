@@ -234,6 +234,12 @@ def _check_decoder_args(given: dict, config) -> None:
                     low_open=name in ("mlp_ratio",))
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     args = {**defaults, **given}
+    if "dim" in args:  # the transformer: self- and cross-attention and an MLP per block
+        params = args["depth"] * (8 + 2 * args["mlp_ratio"]) * args["dim"] ** 2
+    else:  # the LSTM: its gates over word, context and state, and the attention's projections
+        params = 4 * args["hidden_dim"] * (args["embed_dim"] + 2 * args["hidden_dim"]) + 2 * args["attn_dim"] * (
+            args["hidden_dim"] + args["embed_dim"])
+    _check_params_memory("the decoder", params, "decoder fields (--decoder-set)")
     if "num_heads" in args and args["dim"] % args["num_heads"]:
         raise ConfigError(f"decoder field dim ({args['dim']}) must divide into num_heads ({args['num_heads']}) "
                           f"equal heads")
@@ -318,6 +324,11 @@ def check_model(cfg: TrainConfig) -> None:
     patch = args["patch_size"] if isinstance(args["patch_size"], int) and args["patch_size"] >= 1 else 1
     args["img_size"] = img if given_img else patch
     ViTConfig.from_dict(args)  # types, choices and divisibility, with ViTConfig's own messages
+    d, p = args["embed_dim"], args["patch_size"]
+    tokens = ((max(img) if isinstance(img, tuple) else img) / p) ** 2 + 1 if given_img else 1
+    channels = args["stem"][-1][0] if args["stem"] else args["in_chans"]
+    _check_params_memory("the model", args["depth"] * (4 + 2 * args["mlp_ratio"]) * d * d
+                         + (p * p * channels + tokens + args["num_classes"]) * d, "embed_dim, depth, mlp_ratio")
     # the data is resized to image_size (whatever the model takes), so that side counts where given
     side = cfg.image_size or ((max(img) if isinstance(img, tuple) else img) if given_img else None)
     if side is not None:
@@ -347,6 +358,15 @@ def _memory_bytes() -> float | None:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _check_params_memory(what: str, params: float, fields: str) -> None:
+    """Refuse a model whose training (weights, gradients and AdamW's two moments: 16 bytes a parameter) cannot fit
+    in this machine's memory, before anything is allocated or written."""
+    have = _memory_bytes()
+    if have is not None and 16 * params > have:
+        raise ConfigError(f"{what} would have about {params:,.3g} parameters, {16 * params / 2**30:,.0f} GiB to "
+                          f"train, and this machine has {have / 2**30:,.0f} GiB; choose smaller {fields}")
 
 
 def _check_step_memory(cfg: TrainConfig, args: dict, side: int) -> None:
