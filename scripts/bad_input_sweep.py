@@ -653,6 +653,8 @@ def run_case(case: Case, work: Path, f: dict, index: int) -> tuple[bool, str, st
     env = child_env({k: fill(v, w, f) for k, v in case.env.items()})
 
     def limits():
+        # a sweep started in the background (nohup, &) ignores SIGINT, and its children would inherit that
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
         if case.fsize is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, case.fsize))

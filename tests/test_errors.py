@@ -287,3 +287,22 @@ def test_torchs_refusal_to_allocate_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(bench, "run_bench", alloc)
     err = one_line_error(["bench"], capsys)
     assert "out of memory" in err and "59,604.6 GiB" in err and "--batch-size" in err, err
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--aug-mixup-alpha", "nan"], ["mixup_alpha", "finite", "nan"]),
+    (["--aug-cutmix-alpha", "inf"], ["cutmix_alpha", "finite"]),
+    (["--aug-randaug-ops", "-1"], ["randaug_ops", "at least 0"]),
+    (["--aug-randaug-magnitude", "99"], ["randaug_magnitude", "0..30"]),
+    (["--aug-rrc-scale", "0.5", "2"], ["rrc_scale", "at most 1"]),
+    (["--aug-rrc-ratio", "1", "inf"], ["rrc_ratio", "finite"]),
+    (["--aug-mean", "nan"], ["mean", "finite"]),
+    (["--aug-std", "0"], ["std", "above 0"]),
+    (["--device", "mps"], ["device", "auto, cpu, cuda or cuda:N", "mps"]),
+    (["--device", "cuda:x"], ["device", "cuda:x"]),
+])
+def test_every_augmentation_number_and_the_device_are_checked_before_any_work(flags, words, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error([*TRAIN, *flags, "--out", str(out)], capsys)
+    assert all(w in err for w in words), err
+    assert not out.exists()

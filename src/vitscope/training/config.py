@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -193,6 +194,8 @@ def _check_ranges(cfg: TrainConfig) -> None:
         _finite(f"betas[{i}]", b, low=0, high=1, high_open=True)
     if cfg.ema_decay is not None:
         _finite("ema_decay", cfg.ema_decay, low=0, high=1, low_open=True, high_open=True, unit="; none: no EMA")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):  # the devices the loop knows how to train on
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
     if cfg.image_size is not None:
