@@ -367,7 +367,8 @@ def file_cases() -> list[Case]:
                 cmds = [["caption", "{W}/r", "{F}/rgb.png"], ["train", "--resume", "{W}/r", "--no-progress"]]
             for cmd in cmds:
                 # eval, predict and caption read the weights alone: the checkpoint's other files may be damaged
-                reads_all = cmd[0] == "train" or not what.startswith(("checkpoint.json", "state"))
+                reads_all = cmd[0] == "train" or not what.startswith(("checkpoint.json", "state")) and not (
+                    cmd[0] == "caption" and what.startswith("config.json"))  # caption reads the weights' metadata
                 cases.append(Case("damaged-run", f"{cmd[0]}{' --resume' if '--resume' in cmd else ''}"
                                   f"{' --init-weights' if '--init-weights' in cmd else ''} {base}: {what}",
                                   cmd, prepare=full, fresh_out="--out" in cmd, codes=(2,) if reads_all else (0, 2)))
@@ -716,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=12, help="--quick: how many cases (default 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kinds", nargs="+", help="only these kinds")
-    p.add_argument("--only", help="only cases whose 'kind: name' matches this glob")
+    p.add_argument("--only", nargs="+", help="only cases whose 'kind: name' matches one of these globs")
     p.add_argument("--list", action="store_true", help="list the cases and stop")
     p.add_argument("--json", type=Path, help="also write every result to this file")
     args = p.parse_args(argv)
@@ -725,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kinds:
         cases = [c for c in cases if c.kind in args.kinds]
     if args.only:
-        cases = [c for c in cases if fnmatch.fnmatch(f"{c.kind}: {c.name}", args.only)]
+        cases = [c for c in cases if any(fnmatch.fnmatch(f"{c.kind}: {c.name}", g) for g in args.only)]
     if args.quick:
         cases = random.Random(args.seed).sample(cases, min(args.sample, len(cases)))
     if args.list:

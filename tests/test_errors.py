@@ -306,3 +306,18 @@ def test_every_augmentation_number_and_the_device_are_checked_before_any_work(fl
     err = one_line_error([*TRAIN, *flags, "--out", str(out)], capsys)
     assert all(w in err for w in words), err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "--out", ""], ["eval", "run", "--out", " "],
+                                  ["explain", "run", "--out", ""]])
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(argv, capsys):
+    err = one_line_error(argv, capsys)
+    assert "--out" in err and "empty path" in err, err
+
+
+@pytest.mark.parametrize("flag,value", [("--max-len", "-1"), ("--eval-beam", "0"), ("--vocab-min-count", "0")])
+def test_caption_fields_are_checked_in_a_classification_run_too(flag, value, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error([*TRAIN, flag, value, "--out", str(out)], capsys)
+    assert flag[2:].replace("-", "_") in err and value in err, err
+    assert not out.exists()

@@ -205,6 +205,10 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
+    # the caption fields are checked whatever the task, so a classification run's config holds no nonsense either
+    _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
+    _at_least("vocab_min_count", cfg.vocab_min_count, 1)
+    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
     # task may read other datasets than the classification ones
     if cfg.task == "caption":
@@ -260,9 +264,6 @@ def _check_caption(cfg: TrainConfig) -> None:
     if cfg.dataset not in CAPTION_DATASETS:
         raise ConfigError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
                          f"not {cfg.dataset!r}")
-    _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
-    _at_least("vocab_min_count", cfg.vocab_min_count, 1)
-    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
     config = TransformerCaptionerConfig if cfg.captioner == "transformer" else ShowAttendTellConfig
     own = {f.name for f in fields(config)} - {"vocab_size", "encoder", "max_len", "label_smoothing"}
     unknown = sorted(set(cfg.decoder_args) - own)
