@@ -254,3 +254,70 @@ def test_a_bad_model_setting_is_one_line_with_exit_code_2(capsys, tmp_path):
     err = one_line_error([*TRAIN, "--set", "num_heads=3", "--out", str(tmp_path / "run")], capsys)
     assert "embed_dim=16 is not divisible by num_heads=3" in err
 
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--set", "embed_dim=1000000000000"], ["the model", "parameters", "GiB", "embed_dim, depth"]),
+    (["--set", "depth=100000000", "--set", "embed_dim=1024"], ["the model", "parameters", "GiB"]),
+])
+def test_a_model_larger_than_memory_is_refused_before_any_work(flags, words, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error([*TRAIN, *flags, "--out", str(out)], capsys)
+    assert all(w in err for w in words), err
+    assert not out.exists()  # refused before the run folder was made
+
+
+@pytest.mark.parametrize("flags", [["--decoder-set", "dim=1000000"],
+                                   ["--captioner", "lstm", "--decoder-set", "embed_dim=1000000000000"]])
+def test_a_decoder_larger_than_memory_is_refused_before_any_work(flags, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error(["train", "--task", "caption", "--init-weights", "none", *flags, "--out", str(out)], capsys)
+    assert "the decoder" in err and "--decoder-set" in err, err
+    assert not out.exists()
+
+
+def test_torchs_refusal_to_allocate_is_one_line(monkeypatch, capsys):
+    """Whatever the checks miss (a batch, a forward), torch's allocator error is out of memory in one line."""
+    from vitscope.cli import bench
+
+    def alloc(args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 64000000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(bench, "run_bench", alloc)
+    err = one_line_error(["bench"], capsys)
+    assert "out of memory" in err and "59,604.6 GiB" in err and "--batch-size" in err, err
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--aug-mixup-alpha", "nan"], ["mixup_alpha", "finite", "nan"]),
+    (["--aug-cutmix-alpha", "inf"], ["cutmix_alpha", "finite"]),
+    (["--aug-randaug-ops", "-1"], ["randaug_ops", "at least 0"]),
+    (["--aug-randaug-magnitude", "99"], ["randaug_magnitude", "0..30"]),
+    (["--aug-rrc-scale", "0.5", "2"], ["rrc_scale", "at most 1"]),
+    (["--aug-rrc-ratio", "1", "inf"], ["rrc_ratio", "finite"]),
+    (["--aug-mean", "nan"], ["mean", "finite"]),
+    (["--aug-std", "0"], ["std", "above 0"]),
+    (["--device", "mps"], ["device", "auto, cpu, cuda or cuda:N", "mps"]),
+    (["--device", "cuda:x"], ["device", "cuda:x"]),
+])
+def test_every_augmentation_number_and_the_device_are_checked_before_any_work(flags, words, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error([*TRAIN, *flags, "--out", str(out)], capsys)
+    assert all(w in err for w in words), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["train", "--out", ""], ["eval", "run", "--out", " "],
+                                  ["explain", "run", "--out", ""]])
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(argv, capsys):
+    err = one_line_error(argv, capsys)
+    assert "--out" in err and "empty path" in err, err
+
+
+@pytest.mark.parametrize("flag,value", [("--max-len", "-1"), ("--eval-beam", "0"), ("--vocab-min-count", "0")])
+def test_caption_fields_are_checked_in_a_classification_run_too(flag, value, tmp_path, capsys):
+    out = tmp_path / "run"
+    err = one_line_error([*TRAIN, flag, value, "--out", str(out)], capsys)
+    assert flag[2:].replace("-", "_") in err and value in err, err
+    assert not out.exists()

@@ -251,7 +251,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(reference
         train(cfg, run, progress=False)
     msg = str(err.value)
     assert "could not write the checkpoint of step 8" in msg and "No space left on device" in msg
-    assert "the previous checkpoint (step 4 (step-00000004.safetensors + step-00000004.state.pt)) is kept" in msg
+    assert "the previous checkpoint, step 4 (step-00000004.safetensors + step-00000004.state.pt), is kept" in msg
     assert "vitscope train --resume" in msg
     assert json.loads((run / "checkpoint.json").read_text())["step"] == 4
     assert sorted(p.name for p in run.glob("step-*")) == ["step-00000004.safetensors", "step-00000004.state.pt"]

@@ -129,6 +129,13 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", 
                                 default=None, metavar="none|" + kind.__name__ if optional else None, help=text)
 
 
+def nonempty_path(text: str) -> Path:
+    """A path flag's value: an empty one (`--out ""`) would be the current folder, which no one means."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; name a folder")
+    return Path(text)
+
+
 def parse_model_sets(items: list[str]) -> dict:
     """`--set FIELD=VALUE` items as model fields: JSON values, plain strings staying strings, e.g.
     ['depth=3', 'stem=[[32,1]]'] -> {'depth': 3, 'stem': [[32, 1]]}. Unknown fields are a UsageError."""

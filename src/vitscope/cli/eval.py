@@ -6,7 +6,6 @@ alignment accuracy on its test sentences (cli/translate.py)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from vitscope.cli.common import (
     UsageError,
@@ -16,6 +15,7 @@ from vitscope.cli.common import (
     at_least,
     check_out_dir,
     listed,
+    nonempty_path,
     open_caption_run,
 )
 
@@ -35,7 +35,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--shift", type=at_least(0), default=0, metavar="PX",
                    help="test-time augmentation: also average each image moved PX pixels left, right, up and "
                         "down (with --flip, 10 views; runs trained with final_eval_shift report this accuracy)")
-    p.add_argument("--out", type=Path, help="write confusion.png and eval.json here")
+    p.add_argument("--out", type=nonempty_path, help="write confusion.png and eval.json here")
     add_overwrite_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     g = p.add_argument_group("captioning runs (vitscope train --task caption)",

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import torch
 
-from vitscope.cli.common import add_kernels_flag, add_overwrite_flag, at_least, check_out_dir, os_error_line
+from vitscope.cli.common import (
+    add_kernels_flag,
+    add_overwrite_flag,
+    at_least,
+    check_out_dir,
+    nonempty_path,
+    os_error_line,
+)
 from vitscope.errors import VitscopeError
 
 # What explain writes into --out: the explorer, and write_report's pictures and numbers.
@@ -40,7 +47,7 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
                    help="a run directory (best.safetensors, else last), a .safetensors checkpoint (vitscope's or "
                         "timm's), or a preset with pretrained weights, e.g. vit_small_patch16_224")
     p.add_argument("images", metavar="IMAGE", nargs="*", help="image files (PNG, JPEG, ...)")
-    p.add_argument("--out", required=True, type=Path, help="folder for the pictures and explorer.html")
+    p.add_argument("--out", required=True, type=nonempty_path, help="folder for the pictures and explorer.html")
     add_overwrite_flag(p)
     p.add_argument("--dataset", help="also show images of this dataset (e.g. fashion_mnist); with labels it "
                                      "also measures head importance")

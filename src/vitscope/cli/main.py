@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     # What the user gave (VitscopeError), the system's answer on the user's paths (OSError) and running out of
     # memory at the user's sizes are one line; anything else is a bug in vitscope and keeps its traceback.
+    except RuntimeError as e:  # torch's allocator says "can't allocate memory" in a RuntimeError of its own
+        if args.debug or not _out_of_memory(e):
+            raise
+        print(f"vitscope {args.command}: error: {_out_of_memory(e)}", file=sys.stderr)
+        return EXIT_USAGE
     except (VitscopeError, OSError, MemoryError) as e:
         if args.debug:
             raise
@@ -89,6 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vitscope {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _out_of_memory(e: RuntimeError) -> str | None:
+    """torch's refusal to allocate (CPU: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N
+    bytes"; CUDA: torch.OutOfMemoryError) as one line, or None for any other RuntimeError (a bug: traceback)."""
+    import re
+
+    text = str(e)
+    if not re.search(r"can't allocate memory|not enough memory|out of memory", text, re.IGNORECASE):
+        return None
+    size = re.search(r"allocate (\d+) bytes", text)
+    asked = f" (a tensor of {int(size.group(1)) / 2**30:,.1f} GiB)" if size else ""
+    return (f"out of memory{asked}: the model or a batch is larger than this machine holds; choose smaller "
+            f"sizes (--batch-size, --image-size, the model's --set fields)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from vitscope.cli.common import UsageError, add_dataclass_flags, given_value, parse_model_sets
+from vitscope.cli.common import UsageError, add_dataclass_flags, given_value, nonempty_path, parse_model_sets
 
 
 def add_train_parser(sub) -> None:
@@ -28,7 +28,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--preset", choices=list_recipes(),
                    help="a named recipe (default fmnist_quick; with --task caption, caption_quick)")
     p.add_argument("--config", type=Path, help="a JSON config file (e.g. a run's config.json)")
-    p.add_argument("--out", type=Path, help="run directory (default runs/<preset>-<time>)")
+    p.add_argument("--out", type=nonempty_path, help="run directory (default runs/<preset>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
     p.add_argument("--weights-only", action="store_true",
                    help="with --resume: continue from the run's weights alone where its checkpoint is not whole "

@@ -314,16 +314,29 @@ class TrainTransform:
         for field, allowed in choices.items():
             if getattr(self, field) not in allowed:
                 raise ConfigError(f"{field} must be one of {', '.join(allowed)}, got {getattr(self, field)!r}")
+        # every number in its range, NaN and infinity in none (a NaN compares False both ways)
         for field in ("erase_p", "mix_prob"):
             if not 0.0 <= getattr(self, field) <= 1.0:
                 raise ConfigError(f"{field} is a probability in [0, 1], got {getattr(self, field)}")
-        if self.pad < 0 or self.mixup_alpha < 0 or self.cutmix_alpha < 0:
-            raise ConfigError("pad, mixup_alpha and cutmix_alpha must not be negative")
+        for field in ("pad", "randaug_ops", "mixup_alpha", "cutmix_alpha"):
+            v = getattr(self, field)
+            if not (0 <= v < math.inf):
+                raise ConfigError(f"{field} must be a finite number, at least 0 (0: off), got {v}")
+        if not 0 <= self.randaug_magnitude <= 30:
+            raise ConfigError(f"randaug_magnitude is a bin of 0..30, got {self.randaug_magnitude}")
         for field in ("rrc_scale", "rrc_ratio"):
             lo_hi = tuple(getattr(self, field))
-            if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1]:
-                raise ConfigError(f"{field} is a range of two positive numbers, low then high, e.g. "
-                                 f"--aug-{field.replace('_', '-')} 0.35 1.0; got {lo_hi}")
+            high = 1.0 if field == "rrc_scale" else math.inf
+            if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= high or not math.isfinite(lo_hi[1]):
+                raise ConfigError(f"{field} is a range of two finite positive numbers, low then high"
+                                  f"{' (at most 1: a share of the image)' if high == 1 else ''}, e.g. "
+                                  f"--aug-{field.replace('_', '-')} {'0.35 1.0' if high == 1 else '0.75 1.33'}; "
+                                  f"got {lo_hi}")
+        for field in ("mean", "std"):
+            values = getattr(self, field)
+            if values is not None and not all(math.isfinite(v) and (field == "mean" or v > 0) for v in values):
+                raise ConfigError(f"{field} needs finite numbers{', each above 0' if field == 'std' else ''}, one "
+                                  f"per channel; got {tuple(values)}")
 
     def for_dataset(self, dataset) -> TrainTransform:
         """This transform with the training split's mean and std, where they were not given."""

@@ -175,7 +175,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, ema, state: dict, metada
             for p in written:
                 p.unlink(missing_ok=True)
         if previous is not None:
-            kept, again = (f"the previous checkpoint ({previous.describe()}) is kept",
+            kept, again = (f"the previous checkpoint, {previous.describe()}, is kept",
                            f"continue with: vitscope train --resume {run_dir}")
         else:
             kept, again = "there is no earlier checkpoint", f"train again (with --overwrite to reuse {run_dir})"

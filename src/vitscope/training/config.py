@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -204,6 +205,8 @@ def _check_ranges(cfg: TrainConfig) -> None:
         _finite(f"betas[{i}]", b, low=0, high=1, high_open=True)
     if cfg.ema_decay is not None:
         _finite("ema_decay", cfg.ema_decay, low=0, high=1, low_open=True, high_open=True, unit="; none: no EMA")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):  # the devices the loop knows how to train on
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
     if cfg.image_size is not None:
@@ -213,6 +216,10 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
+    # the caption fields are checked whatever the task, so a classification run's config holds no nonsense either
+    _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
+    _at_least("vocab_min_count", cfg.vocab_min_count, 1)
+    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
     # task may read other datasets than the classification ones
     if cfg.task == "caption":
@@ -250,6 +257,12 @@ def _check_decoder_args(given: dict, config) -> None:
                     low_open=name in ("mlp_ratio",))
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     args = {**defaults, **given}
+    if "dim" in args:  # the transformer: self- and cross-attention and an MLP per block
+        params = args["depth"] * (8 + 2 * args["mlp_ratio"]) * args["dim"] ** 2
+    else:  # the LSTM: its gates over word, context and state, and the attention's projections
+        params = 4 * args["hidden_dim"] * (args["embed_dim"] + 2 * args["hidden_dim"]) + 2 * args["attn_dim"] * (
+            args["hidden_dim"] + args["embed_dim"])
+    _check_params_memory("the decoder", params, "decoder fields (--decoder-set)")
     if "num_heads" in args and args["dim"] % args["num_heads"]:
         raise ConfigError(f"decoder field dim ({args['dim']}) must divide into num_heads ({args['num_heads']}) "
                           f"equal heads")
@@ -267,9 +280,6 @@ def _check_caption(cfg: TrainConfig) -> None:
     if cfg.dataset not in CAPTION_DATASETS:
         raise ConfigError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
                          f"not {cfg.dataset!r}")
-    _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
-    _at_least("vocab_min_count", cfg.vocab_min_count, 1)
-    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
     config = TransformerCaptionerConfig if cfg.captioner == "transformer" else ShowAttendTellConfig
     own = {f.name for f in fields(config)} - {"vocab_size", "encoder", "max_len", "label_smoothing"}
     unknown = sorted(set(cfg.decoder_args) - own)
@@ -359,6 +369,11 @@ def check_model(cfg: TrainConfig) -> None:
     patch = args["patch_size"] if isinstance(args["patch_size"], int) and args["patch_size"] >= 1 else 1
     args["img_size"] = img if given_img else patch
     ViTConfig.from_dict(args)  # types, choices and divisibility, with ViTConfig's own messages
+    d, p = args["embed_dim"], args["patch_size"]
+    tokens = ((max(img) if isinstance(img, tuple) else img) / p) ** 2 + 1 if given_img else 1
+    channels = args["stem"][-1][0] if args["stem"] else args["in_chans"]
+    _check_params_memory("the model", args["depth"] * (4 + 2 * args["mlp_ratio"]) * d * d
+                         + (p * p * channels + tokens + args["num_classes"]) * d, "embed_dim, depth, mlp_ratio")
     # the data is resized to image_size (whatever the model takes), so that side counts where given
     side = cfg.image_size or ((max(img) if isinstance(img, tuple) else img) if given_img else None)
     if side is not None:
@@ -388,6 +403,15 @@ def _memory_bytes() -> float | None:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _check_params_memory(what: str, params: float, fields: str) -> None:
+    """Refuse a model whose training (weights, gradients and AdamW's two moments: 16 bytes a parameter) cannot fit
+    in this machine's memory, before anything is allocated or written."""
+    have = _memory_bytes()
+    if have is not None and 16 * params > have:
+        raise ConfigError(f"{what} would have about {params:,.3g} parameters, {16 * params / 2**30:,.0f} GiB to "
+                          f"train, and this machine has {have / 2**30:,.0f} GiB; choose smaller {fields}")
 
 
 def _check_step_memory(cfg: TrainConfig, args: dict, side: int) -> None:

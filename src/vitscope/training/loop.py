@@ -240,8 +240,9 @@ class _Training:
                      else f"epoch {epoch:.2f}, step {at.step}")
             self.bar.write(f"{shown}  train loss {row['train_loss']:.4f}  {self.cfg.eval_split} {metric.name} "
                            f"{metric.format(ev.value)}  ({at.train_time_s / 60:.1f} min)")
-        if ev.value > at.best_acc:
-            at.best_acc = ev.value
+        # the first evaluation's weights are the best so far even at a metric of 0 (a caption run's first epoch)
+        if ev.value > at.best_acc or not (self.run_dir / "best.safetensors").exists():
+            at.best_acc = max(at.best_acc, ev.value)
             self.save_best()
         return True
 
