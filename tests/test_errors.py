@@ -321,3 +321,10 @@ def test_caption_fields_are_checked_in_a_classification_run_too(flag, value, tmp
     err = one_line_error([*TRAIN, flag, value, "--out", str(out)], capsys)
     assert flag[2:].replace("-", "_") in err and value in err, err
     assert not out.exists()
+
+
+def test_a_nan_loss_is_one_line_on_the_command_line(tmp_path, capsys):
+    """NonFiniteLoss is a RuntimeError as well as a VitscopeError: the CLI's out-of-memory clause, which
+    re-raises every other RuntimeError, must not take it first."""
+    err = one_line_error([*TRAIN, "--lr", "1e30", "--out", str(tmp_path / "run")], capsys)
+    assert "loss became nan at step 1" in err and "--lr LOWER" in err, err

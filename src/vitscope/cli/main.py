@@ -74,11 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     # What the user gave (VitscopeError), the system's answer on the user's paths (OSError) and running out of
     # memory at the user's sizes are one line; anything else is a bug in vitscope and keeps its traceback.
-    except RuntimeError as e:  # torch's allocator says "can't allocate memory" in a RuntimeError of its own
-        if args.debug or not _out_of_memory(e):
-            raise
-        print(f"vitscope {args.command}: error: {_out_of_memory(e)}", file=sys.stderr)
-        return EXIT_USAGE
     except (VitscopeError, OSError, MemoryError) as e:
         if args.debug:
             raise
@@ -90,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
             msg = str(e).strip() or type(e).__name__
         msg = "; ".join(line.strip() for line in msg.splitlines() if line.strip())  # one line
         print(f"vitscope {args.command}: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    # torch's allocator says "can't allocate memory" in a RuntimeError of its own (after VitscopeError: a NaN
+    # loss, NonFiniteLoss, is both)
+    except RuntimeError as e:
+        if args.debug or not _out_of_memory(e):
+            raise
+        print(f"vitscope {args.command}: error: {_out_of_memory(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"vitscope {args.command}: interrupted", file=sys.stderr)
