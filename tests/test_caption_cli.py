@@ -81,6 +81,24 @@ def test_eval_reports_greedy_and_beam(run_dir, capsys):
     assert max(r["test_item_accuracy"] for r in rows) == pytest.approx(greedy["item_accuracy"])
 
 
+def test_eval_under_bfloat16_autocast_gives_the_loops_figure(run_dir, capsys):
+    """`--amp bf16` evaluates as the loop evaluates a run that trains in bfloat16: the same decoding, under
+    autocast, so its numbers are the API's with bf16=True."""
+    from vitscope.caption.evaluate import evaluate_captions
+    from vitscope.caption.run import open_captioner
+
+    assert main(["eval", str(run_dir), "--beam", "1", "--json", "--amp", "bf16"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["amp"] == "bf16"
+    run = open_captioner(run_dir, kernels=True)
+    data = caption_task.load_caption_dataset(run.dataset, "test", image_size=run.image_size[0], channels=run.channels)
+    expected = evaluate_captions(run.model.eval(), data, run.vocab, mean=run.mean, std=run.std, beam=1,
+                                 batch_size=500, bf16=True).metrics
+    got = summary["decoding"]["greedy"]
+    for key in ("bleu1", "bleu4", "cider", "item_accuracy", "grounding"):
+        assert got[key] == pytest.approx(expected[key], abs=1e-12), key
+
+
 def test_caption_prints_captions_for_files_and_folders(run_dir, tmp_path, capsys):
     folder = tmp_path / "scenes"
     folder.mkdir()

@@ -38,6 +38,10 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--out", type=nonempty_path, help="write confusion.png and eval.json here")
     add_overwrite_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--amp", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32, or bf16: under bfloat16 autocast, as the training loop evaluates a run that trains in "
+                        "bfloat16 (the default on CPUs with AVX512-BF16 or AMX), which gives its figure; greedy "
+                        "captions can differ between the two where two words nearly tie (default: fp32)")
     g = p.add_argument_group("captioning runs (vitscope train --task caption)",
                              "BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact match and "
                              "attention grounding) for greedy decoding and for beam search of size --beam")
@@ -75,11 +79,11 @@ def run_eval(args) -> int:
         raise UsageError(f"the checkpoint's classes ({listed(info.classes)}, from {info.dataset or 'its run'}) "
                          f"are not {name}'s ({listed(data.classes)}): its accuracy there would mean nothing; "
                          f"evaluate on the data it was trained on, with the same class folders")
-    res = evaluate(model, data, info.mean, info.std, batch_size=args.batch_size,
+    res = evaluate(model, data, info.mean, info.std, batch_size=args.batch_size, bf16=args.amp == "bf16",
                    device=torch.device("cpu"), flip=args.flip, shift=args.shift)
     conf = res["confusion"]
     per_class = {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(data.classes)}
-    summary = {"checkpoint": info.source, "dataset": name, "split": split, "flip": args.flip,
+    summary = {"checkpoint": info.source, "dataset": name, "split": split, "amp": args.amp, "flip": args.flip,
                "shift": args.shift, "n": int(conf.sum()),
                "accuracy": res["acc"], "loss": res["loss"], "per_class_accuracy": per_class,
                "confusion": conf.tolist()}
@@ -139,9 +143,9 @@ def run_caption_eval(args) -> int:
     for beam in dict.fromkeys((1, args.beam)):
         result = evaluate_captions(run.model, data, run.vocab, mean=run.mean, std=run.std, beam=beam,
                                    batch_size=args.batch_size, max_len=args.max_len, length_penalty=args.length_penalty,
-                                   no_repeat_ngram_size=args.no_repeat_ngram)
+                                   no_repeat_ngram_size=args.no_repeat_ngram, bf16=args.amp == "bf16")
         rows["greedy" if beam == 1 else f"beam {beam}"] = result
-    summary = {"checkpoint": str(run.source), "dataset": name, "split": split, "images": len(data),
+    summary = {"checkpoint": str(run.source), "dataset": name, "split": split, "amp": args.amp, "images": len(data),
                "decoding": {k: r.metrics for k, r in rows.items()},
                "examples": {k: [" ".join(w) for w in r.captions[:5]] for k, r in rows.items()}}
     if out_dir is not None:

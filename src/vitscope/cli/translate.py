@@ -65,6 +65,8 @@ def run_translation_eval(args) -> int:
     greedily and with beam search of size --beam, side by side."""
     from pathlib import Path
 
+    import torch
+
     from vitscope.cli.common import check_out_dir
     from vitscope.translate.data import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
@@ -84,9 +86,11 @@ def run_translation_eval(args) -> int:
                          f"was trained with; was its config.json edited?")
     rows = {}
     for beam in dict.fromkeys((1, args.beam)):
-        result = evaluate_translations(run.model, data.test, run.tgt_vocab, beam=beam, batch_size=args.batch_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            result = evaluate_translations(run.model, data.test, run.tgt_vocab, beam=beam, batch_size=args.batch_size)
         rows["greedy" if beam == 1 else f"beam {beam}"] = result
-    summary = {"checkpoint": str(run.source), "translator": run.description, "sentences": len(data.test),
+    summary = {"checkpoint": str(run.source), "translator": run.description, "amp": args.amp,
+               "sentences": len(data.test),
                "decoding": {k: r.metrics for k, r in rows.items()},
                "exact_match_by_source_length": {k: {str(n): v for n, v in r.by_length.items()}
                                                 for k, r in rows.items()}}
