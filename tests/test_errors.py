@@ -70,6 +70,7 @@ def files(tmp_path_factory):
     (["--image-size", "100000"], "image_size 100000: a training step at 100000x100000 pixels"),
     (["--checkpoint-every-steps", "-1"], "checkpoint_every_steps must be at least 0"),
     (["--ema-decay", "1.5"], "ema_decay must be a finite number in (0, 1)"),
+    (["--threads", str(10**12)], "threads is a number of CPU threads from 1 to 4096"),
 ])
 def test_a_training_setting_out_of_range_is_refused_before_any_work(flags, expected, tmp_path, capsys):
     err = one_line_error([*TRAIN, *flags, "--out", str(tmp_path / "run")], capsys)

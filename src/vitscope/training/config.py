@@ -23,6 +23,8 @@ from vitscope.training.optim import OptimizerName
 
 # torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
 MAX_SEED = 2**32 - 1
+# OpenMP's thread count is a C int; past a few thousand no machine has the cores.
+MAX_THREADS = 4096
 
 
 @dataclass
@@ -189,8 +191,9 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _at_least("explain_images", cfg.explain_images, 0, " (0: no explorer)")
     if cfg.final_eval_shift < 0:
         raise ConfigError(f"final_eval_shift is a number of pixels, at least 0, got {cfg.final_eval_shift}")
-    if cfg.threads is not None and cfg.threads < 0:
-        raise ConfigError(f"threads is a number of CPU threads (0 or none: torch's default), got {cfg.threads}")
+    if cfg.threads is not None and not 0 <= cfg.threads <= MAX_THREADS:
+        raise ConfigError(f"threads is a number of CPU threads from 1 to {MAX_THREADS} (0 or none: torch's default), "
+                          f"got {cfg.threads}")
     if cfg.optimizer not in ("adamw", "muon"):
         raise ConfigError(f"optimizer must be 'adamw' or 'muon', got {cfg.optimizer!r}")
     if cfg.amp not in ("auto", "bf16", "fp32"):
