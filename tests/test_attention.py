@@ -14,6 +14,7 @@ import vitscope.attention as attention
 from helpers import torch_mha_like
 from vitscope.attention import (
     EXPLICIT_HALF_MAX_KEYS,
+    EXPLICIT_HALF_MAX_QUERIES,
     AdditiveAttention,
     KVCache,
     MultiHeadAttention,
@@ -269,16 +270,20 @@ def test_bfloat16_training_picks_kernel_by_length(spies):
     assert (fused.calls, explicit.calls) == (0, 1)  # short: the explicit path is faster backwards
     with torch.no_grad():
         attend(q, k, v)
-    assert (fused.calls, explicit.calls) == (1, 1)  # inference: fused
+    assert (fused.calls, explicit.calls) == (0, 2)  # inference, a few queries (decoding): explicit
+    many = qkv(1, 1, EXPLICIT_HALF_MAX_QUERIES + 1, 64, 8, dtype=torch.bfloat16)
+    with torch.no_grad():
+        attend(*many)
+    assert (fused.calls, explicit.calls) == (1, 2)  # inference, more queries: fused
     # Long: fused, so the Nq x Nk weights are never materialised.
-    q, k, v = qkv(1, 1, 4, EXPLICIT_HALF_MAX_KEYS + 1, 8, dtype=torch.bfloat16, grad=True)
+    q, k, v = qkv(1, 1, EXPLICIT_HALF_MAX_QUERIES + 1, EXPLICIT_HALF_MAX_KEYS + 1, 8, dtype=torch.bfloat16, grad=True)
     attend(q, k, v, mask=torch.ones(1, EXPLICIT_HALF_MAX_KEYS + 1, dtype=torch.bool)).float().sum().backward()
-    assert (fused.calls, explicit.calls) == (2, 1)
+    assert (fused.calls, explicit.calls) == (2, 2)
     # Long causal self-attention uses the kernel's own causal mode: not even the bool mask is built.
     n = EXPLICIT_HALF_MAX_KEYS + 1
     q, k, v = qkv(1, 1, n, n, 8, dtype=torch.bfloat16, grad=True)
     attend(q, k, v, causal=True).float().sum().backward()
-    assert (fused.calls, explicit.calls) == (3, 1)
+    assert (fused.calls, explicit.calls) == (3, 2)
     assert fused.kwargs.get("is_causal") and fused.kwargs.get("attn_mask") is None
 
 

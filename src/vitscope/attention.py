@@ -25,6 +25,10 @@ from vitscope.errors import ConfigError
 # kernel is slower backwards in bfloat16 at ViT-sized sequences (bench_attention.py's crossover table;
 # docs/performance.md). Above it the fused kernel runs, so the Nq x Nk matrix is never materialised.
 EXPLICIT_HALF_MAX_KEYS = 512
+# At or below this many queries per row, half-precision inference on CPU runs the explicit path too: decoding
+# asks one query per row (a beam group a few), where PyTorch's fused CPU kernel took 1.5-5.7x the explicit
+# path's time in bfloat16 at 20 and 196 keys (benchmarks/bench_decode_attention.py); at 32 queries it can win.
+EXPLICIT_HALF_MAX_QUERIES = 16
 
 
 def causal_mask(nq: int, nk: int, device: torch.device | None = None) -> Tensor:
@@ -108,6 +112,8 @@ def _use_fused(q: Tensor, k: Tensor, v: Tensor, return_weights: bool) -> bool:
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if q.device.type == "cpu" and half and training and k.shape[-2] <= EXPLICIT_HALF_MAX_KEYS:
         return False
+    if q.device.type == "cpu" and half and q.shape[-2] <= EXPLICIT_HALF_MAX_QUERIES:
+        return False
     return True
 
 
@@ -124,8 +130,9 @@ def attend(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Scaled dot-product attention. q (B, H, Nq, D), k and v (B, H, Nk, D) -> (B, H, Nq, Dv).
 
-    Without `return_weights` it runs PyTorch's fused kernel (except for short half-precision training
-    sequences on CPU, where the explicit path is measured to be faster); with it, the explicit softmax
+    Without `return_weights` it runs PyTorch's fused kernel (except on CPU in half precision for short
+    training sequences and for a few queries per row, as decoding asks, where the explicit path is measured
+    to be faster); with it, the explicit softmax
     path, returning (out, weights (B, H, Nq, Nk)). A query row with no key to look at returns zeros.
     `dropout_p` is applied to the weights as given: pass 0 in eval mode.
     """
