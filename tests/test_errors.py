@@ -71,6 +71,8 @@ def files(tmp_path_factory):
     (["--checkpoint-every-steps", "-1"], "checkpoint_every_steps must be at least 0"),
     (["--ema-decay", "1.5"], "ema_decay must be a finite number in (0, 1)"),
     (["--threads", str(10**12)], "threads is a number of CPU threads from 1 to 4096"),
+    (["--test-sentences", "0"], "test_sentences must be at least 1"),  # a translation field, checked in every run
+    (["--max-words", "-1"], "max_words must be from 3"),
 ])
 def test_a_training_setting_out_of_range_is_refused_before_any_work(flags, expected, tmp_path, capsys):
     err = one_line_error([*TRAIN, *flags, "--out", str(tmp_path / "run")], capsys)

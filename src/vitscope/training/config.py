@@ -220,10 +220,14 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
-    # the caption fields are checked whatever the task, so a classification run's config holds no nonsense either
+    # the caption and translation fields are checked whatever the task, so no run's config holds nonsense
     _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
     _at_least("vocab_min_count", cfg.vocab_min_count, 1)
     _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
+    for name in ("train_sentences", "test_sentences"):
+        _at_least(name, getattr(cfg, name), 1)
+    if not 3 <= cfg.max_words <= 60:
+        raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {cfg.max_words}")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
     # task may read other datasets than the classification ones
     if cfg.task == "caption":
@@ -305,17 +309,13 @@ TRANSLATION_DATASET = "synthetic_pair"
 
 
 def _check_translate(cfg: TrainConfig) -> None:
-    """What a translation run needs: the synthetic pair, sizes in range, and decoder fields its translator has."""
+    """What a translation run needs: the synthetic pair and decoder fields its translator has."""
     from vitscope.translate.rnn import RNNTranslatorConfig
     from vitscope.translate.transformer import TransformerTranslatorConfig
 
     if cfg.dataset != TRANSLATION_DATASET:
         raise ConfigError(f"--task translate trains on the synthetic language pair (--dataset {TRANSLATION_DATASET}), "
                          f"not {cfg.dataset!r}")
-    for name in ("train_sentences", "test_sentences", "eval_beam"):
-        _at_least(name, getattr(cfg, name), 1)
-    if not 3 <= cfg.max_words <= 60:
-        raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {cfg.max_words}")
     config = TransformerTranslatorConfig if cfg.translator == "transformer" else RNNTranslatorConfig
     own = {f.name for f in dataclasses.fields(config)} - {"src_vocab_size", "tgt_vocab_size", "max_len", "max_src_len",
                                               "label_smoothing"}
