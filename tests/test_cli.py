@@ -399,6 +399,14 @@ def test_a_channel_count_the_images_do_not_have_is_one_line_before_any_work(tmp_
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("count", ["3", "0", "-1"])
+def test_a_class_count_the_data_does_not_have_is_one_line_before_any_work(count, tmp_path, capsys):
+    assert main(["train", *TINY, "--set", f"num_classes={count}", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"num_classes={count}" in err and "10 classes" in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def test_init_weights_of_another_token_layout_say_so_not_an_api_hint(tmp_path, capsys):
     first = tmp_path / "cls"
     assert main(["train", "--model", "vit_tiny_patch4_28", "--dataset", "digits", "--epochs", "1", "--set",

@@ -73,6 +73,9 @@ def files(tmp_path_factory):
     (["--threads", str(10**12)], "threads is a number of CPU threads from 1 to 4096"),
     (["--test-sentences", "0"], "test_sentences must be at least 1"),  # a translation field, checked in every run
     (["--max-words", "-1"], "max_words must be from 3"),
+    (["--aug-randaug-ops", str(10**12)], "randaug_ops is the number of ops applied to an image in turn, at most 16"),
+    (["--aug-pad", str(10**12)], "pad must be smaller than the images' side (8x8 for digits)"),
+    (["--captions-file", "captions.json"], "captions_file is a caption dataset's file, for --task caption"),
 ])
 def test_a_training_setting_out_of_range_is_refused_before_any_work(flags, expected, tmp_path, capsys):
     err = one_line_error([*TRAIN, *flags, "--out", str(tmp_path / "run")], capsys)

@@ -29,6 +29,9 @@ import torch.nn.functional as F
 from vitscope.data.policy import rand_augment, trivial_augment
 from vitscope.errors import ConfigError
 
+# RandAugment applies 1-3 ops an image (Cubuk et al.); more than this is a mistake, not a policy.
+MAX_RANDAUG_OPS = 16
+
 
 def to_float(x: torch.Tensor) -> torch.Tensor:
     """uint8 0..255 -> float32 0..1; float tensors pass through."""
@@ -322,6 +325,9 @@ class TrainTransform:
             v = getattr(self, field)
             if not (0 <= v < math.inf):
                 raise ConfigError(f"{field} must be a finite number, at least 0 (0: off), got {v}")
+        if self.randaug_ops > MAX_RANDAUG_OPS:  # each op is a pass over the batch: 10^12 of them never end
+            raise ConfigError(f"randaug_ops is the number of ops applied to an image in turn, at most "
+                              f"{MAX_RANDAUG_OPS} (RandAugment uses 1-3), got {self.randaug_ops}")
         if not 0 <= self.randaug_magnitude <= 30:
             raise ConfigError(f"randaug_magnitude is a bin of 0..30, got {self.randaug_magnitude}")
         for field in ("rrc_scale", "rrc_ratio"):
@@ -342,7 +348,9 @@ class TrainTransform:
         """This transform with the training split's mean and std, where they were not given."""
         mean = tuple(self.mean) if self.mean is not None else tuple(dataset.mean)
         std = tuple(self.std) if self.std is not None else tuple(dataset.std)
-        c = dataset.images.shape[1]
+        c, h, w = dataset.images.shape[1:]
+        if self.pad >= min(h, w):  # a crop of the padding alone, or (reflect) no padding PyTorch can make
+            raise ConfigError(f"pad must be smaller than the images' side ({h}x{w} for {dataset.name}), got {self.pad}")
         if len(mean) != c or len(std) != c:
             raise ConfigError(f"mean and std need one number per channel, {c} for {dataset.name}; got mean "
                              f"{mean} and std {std}")

@@ -59,6 +59,10 @@ class ClassifyTask:
             raise ConfigError(f"--set in_chans={cfg.model_args['in_chans']}, but {cfg.dataset}'s images have {c} "
                               f"channel{'s' if c != 1 else ''}: drop --set in_chans (the model takes the images' "
                               f"channels)")
+        n = len(train_set.classes)
+        if cfg.model_args.get("num_classes", n) != n:  # the head has one output per class of the data
+            raise ConfigError(f"--set num_classes={cfg.model_args['num_classes']}, but {cfg.dataset} has {n} classes: "
+                              f"drop --set num_classes (the head takes the data's classes)")
         transform = cfg.augment.for_dataset(train_set)
         if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
             transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)

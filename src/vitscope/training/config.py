@@ -230,6 +230,9 @@ def _check_ranges(cfg: TrainConfig) -> None:
         raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {cfg.max_words}")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
     # task may read other datasets than the classification ones
+    if cfg.captions_file is not None and cfg.task != "caption":  # else read by nothing, in silence
+        raise ConfigError(f"captions_file is a caption dataset's file, for --task caption; a {cfg.task} run reads "
+                          f"none (drop --captions-file)")
     if cfg.task == "caption":
         _check_caption(cfg)
     elif cfg.task == "translate":
