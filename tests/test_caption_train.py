@@ -153,7 +153,14 @@ def test_a_run_without_scenes_is_judged_and_shown_by_cider(monkeypatch, tmp_path
 
     monkeypatch.setattr(caption_task, "load_caption_dataset", load)
     figures = []
-    monkeypatch.setattr(curves.plt, "close", figures.append)  # keep curves.png's figure to read its axes
+    save = curves.Figure.save
+
+    def keep(fig, path, **kw):  # keep curves.png's figure to read its axes
+        if str(path).endswith("curves.png"):
+            figures.append(fig)
+        return save(fig, path, **kw)
+
+    monkeypatch.setattr(curves.Figure, "save", keep)
     res = train(tiny_caption_config(epochs=2, explain_images=0), tmp_path, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert res.metric.name == "CIDEr-D" and res.value == rows[-1]["test_cider"] and "test_acc" not in rows[-1]
