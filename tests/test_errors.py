@@ -67,7 +67,7 @@ def files(tmp_path_factory):
     (["--set", "depth=0"], "depth must be at least 1 (a model with no blocks has nothing to train), got 0"),
     (["--set", "stem=xyz"], "stem is a list of [channels, stride] pairs"),
     (["--set", "drop_path_rate=2"], "drop_path_rate is a probability in [0, 1), got 2"),
-    (["--set", "init_values=-1"], "init_values is LayerScale's starting scale, a finite number above 0"),
+    (["--set", "init_values=-1"], "init_values is LayerScale's starting scale, a finite number of at least 0"),
     (["--image-size", "100000"], "image_size 100000: a training step at 100000x100000 pixels"),
     (["--checkpoint-every-steps", "-1"], "checkpoint_every_steps must be at least 0"),
     (["--ema-decay", "1.5"], "ema_decay must be a finite number in (0, 1)"),

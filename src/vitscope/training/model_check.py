@@ -40,9 +40,9 @@ def check_model(cfg) -> None:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v > low):
             raise ConfigError(f"{name} must be a finite number above {low:g}, got {v}")
     v = args["init_values"]
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v > 0):
-        raise ConfigError(f"init_values is LayerScale's starting scale, a finite number above 0 such as 1e-5 (none: "
-                          f"no LayerScale), got {v}")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0):
+        raise ConfigError(f"init_values is LayerScale's starting scale, a finite number of at least 0 such as 1e-5 "
+                          f"(0 or none: no LayerScale), got {v}")
     stem = args["stem"]
     pair = (lambda s: isinstance(s, (list, tuple)) and len(s) == 2
             and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in s))
