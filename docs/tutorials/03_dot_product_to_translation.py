@@ -248,8 +248,30 @@ print("peaks:", peaks)
 assert sum(p == g for p, g in zip(peaks, example.alignment)) >= 0.8 * len(peaks)
 
 # %% [markdown]
-# The run also wrote `alignment.png` and `translations.html`, an explorer page where clicking a
-# target word shows where it looked:
+# The translation explorer shows the same for several sentences at once: pick a sentence, read its
+# translation (beam search here), click one of its words and see where it looked, a bar over each
+# source word with the gold one underlined, and the whole sentence's heatmap below. In a notebook it
+# shows inline; `.save("translations.html")` writes the same page to a file.
+
+# %%
+import json  # noqa: E402
+
+from vitscope.inspect.translate_explorer import translate_explorer_data, translate_page  # noqa: E402
+
+shown = data.test.examples[:8]
+translations = translator.translate([e.source for e in shown], beam=3)
+page = translate_page(translate_explorer_data(
+    [t.source for t in translations], [t.words for t in translations], [t.attention for t in translations],
+    gold=[e.alignment for e in shown], references=[e.target for e in shown]))
+for e, t in zip(shown, translations):  # every sentence, its translation and its reference travel in the page
+    for words in (e.source, t.words, e.target):
+        assert json.dumps(list(words), separators=(",", ":")) in page.html
+assert page._repr_html_().startswith("<iframe")
+display(page)
+
+# %% [markdown]
+# The run also wrote `alignment.png` and `translations.html`, the same explorer over its first test
+# sentences:
 
 # %%
 print(sorted(p.name for p in run_dir.iterdir() if p.suffix in (".png", ".html", ".json")))
