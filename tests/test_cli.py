@@ -179,12 +179,12 @@ def test_models_and_data_list(capsys):
     (["eval", "/no/such/run", "--shift", "-2"], "argument --shift: must be at least 0, got -2"),
     (["models", "nothing*"], "no preset matches"),
     (["train", "--betas", "0.9", "0.98", "0.999"], "betas are AdamW's two"),
-    (["train", "--aug-rrc-scale", "0.5"], "rrc_scale is a range of two positive numbers"),
-    (["train", "--aug-rrc-ratio", "1.3", "0.7"], "rrc_ratio is a range of two positive numbers"),
+    (["train", "--aug-rrc-scale", "0.5"], "rrc_scale is a range of two finite positive numbers"),
+    (["train", "--aug-rrc-ratio", "1.3", "0.7"], "rrc_ratio is a range of two finite positive numbers"),
     (["train", "--threads", "-1"], "threads is a number of CPU threads"),
     (["train", "--dataset", "digits", "--set", "depth=abc"], "depth must be a whole number, got 'abc'"),
     (["train", "--dataset", "digits", "--set", "qkv_bias=1"], "qkv_bias must be true or false"),
-    (["train", "--device", "gpu"], "not a device torch knows"),
+    (["train", "--device", "gpu"], "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
 ])
 def test_user_errors_are_one_line_with_exit_code_2(argv, expected, capsys):
     assert main(argv) == 2

@@ -82,7 +82,8 @@ def test_unavailable_kernel_raises_a_clear_error(monkeypatch, dtype, isa):
     monkeypatch.setattr(registry, "_decided", None)  # decided again with the CPU below; the test's end restores it
     monkeypatch.setattr(native, "has", lambda name: False)
     monkeypatch.setattr(native, "unavailable", lambda name=None: f"this CPU lacks the {name} instructions")
-    q, k, v = torch.randn(3, 1, 1, 4, 32).to(dtype).unbind(0)
+    # 32 queries: past EXPLICIT_HALF_MAX_QUERIES, where attend() calls PyTorch's fused kernel in bfloat16 too
+    q, k, v = torch.randn(3, 1, 1, 32, 32).to(dtype).unbind(0)
     assert not short_attention.usable(q, k, v)
     with pytest.raises(RuntimeError, match=f"lacks the {isa} instructions"):
         short_attention.attend(q, k, v)
