@@ -26,7 +26,7 @@ def list_recipes() -> list[str]:
 
 # A preset whose model starts from another preset's trained weights: the run folder holding them is the
 # caller's to find (the CLI reads the one `make run` writes), so the library names the preset, not a path.
-STARTS_FROM = {"caption_quick": "fmnist_quick", "caption_lstm_quick": "fmnist_quick"}
+STARTS_FROM = {"caption_quick": "fmnist_quick", "caption_lstm_quick": "fmnist_quick", "caption_lstm": "fmnist_quick"}
 
 
 def get_recipe(name: str) -> TrainConfig:
