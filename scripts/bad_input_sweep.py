@@ -367,9 +367,9 @@ def file_cases() -> list[Case]:
             else:
                 cmds = [["caption", "{W}/r", "{F}/rgb.png"], ["train", "--resume", "{W}/r", "--no-progress"]]
             for cmd in cmds:
-                # eval, predict and caption read the weights alone: the checkpoint's other files may be damaged
-                reads_all = cmd[0] == "train" or not what.startswith(("checkpoint.json", "state")) and not (
-                    cmd[0] == "caption" and what.startswith("config.json"))  # caption reads the weights' metadata
+                # eval, predict and caption read the weights alone (their metadata holds the run's config): the
+                # checkpoint's other files may be damaged
+                reads_all = cmd[0] == "train" or not what.startswith(("checkpoint.json", "state", "config.json"))
                 cases.append(Case("damaged-run", f"{cmd[0]}{' --resume' if '--resume' in cmd else ''}"
                                   f"{' --init-weights' if '--init-weights' in cmd else ''} {base}: {what}",
                                   cmd, prepare=full, fresh_out="--out" in cmd, codes=(2,) if reads_all else (0, 2)))
