@@ -128,9 +128,8 @@ def caption_lstm_quick() -> TrainConfig:
     regulariser keeps the paper's weight against the per-word cross-entropy (ShowAttendTell.memory_losses):
     in the same experiment (AdamW) it gave 68% greedy item accuracy and 82% grounding, where the former weight,
     18x the paper's, gave 50% and 56%, and the conv stem's grid as memory 63% and 86%.
-    Not yet measured end to end on a quiet machine: on a 2-core EPYC shared with other jobs the run reached
-    step 142 of 312 in 15 minutes, where beam 5 named 20% of the items in 500 test scenes and the alignment
-    peaked in the right cell for 41% of item words (chance 25%).
+    One epoch is short for it: its alignments sharpen late (benchmarks/RESULTS.md, "Show, Attend and Tell that
+    attends"); `caption_lstm`, this recipe for three epochs, is the one measured end to end.
     """
     return TrainConfig(**{**_SCENES, "eval_every_steps": 78, "optimizer": "adamw", "lr": 1e-3}, captioner="lstm",
                        epochs=1, decoder_args=dict(_LSTM))
