@@ -356,6 +356,9 @@ def file_cases() -> list[Case]:
     }
     for what, (_, prep) in runs.items():
         for base in ("RUN", "CAP"):
+            if what == "weights of another model" and base == "CAP":  # the classifier's weights in the captioner's run
+                prep = lambda w, f: [shutil.copy(Path(f["RUN"]) / "last.safetensors", p)  # noqa: E731
+                                     for p in (w / "r").glob("*.safetensors")]
             full = then(copy_run(base, "r"), prep) if not what.startswith(("a file", "an empty")) else prep
             if base == "CAP" and what.startswith(("a file", "an empty")):
                 continue
@@ -370,6 +373,8 @@ def file_cases() -> list[Case]:
                 # eval, predict and caption read the weights alone (their metadata holds the run's config): the
                 # checkpoint's other files may be damaged
                 reads_all = cmd[0] == "train" or not what.startswith(("checkpoint.json", "state", "config.json"))
+                # weights describe themselves: eval and caption judge another model's by its own metadata
+                reads_all = reads_all and not (what == "weights of another model" and cmd[0] in ("eval", "caption"))
                 cases.append(Case("damaged-run", f"{cmd[0]}{' --resume' if '--resume' in cmd else ''}"
                                   f"{' --init-weights' if '--init-weights' in cmd else ''} {base}: {what}",
                                   cmd, prepare=full, fresh_out="--out" in cmd, codes=(2,) if reads_all else (0, 2)))
@@ -474,9 +479,11 @@ def path_cases() -> list[Case]:
                       ("--out a 300-character name", "{W}/" + long), ("--out in /proc", "/proc/vitscope_run"),
                       ("--out /dev/null", "/dev/null"), ("--out empty", ""), ("--out a name with a newline",
                                                                               "{W}/a\nb")):
-        cases.append(Case("hostile-path", f"train {what}", ["train", *TINY, "--out", out]))
-        cases.append(Case("hostile-path", f"explain {what}", ["explain", "{RUN}", "{F}/good.png", "--out", out]))
-        cases.append(Case("hostile-path", f"eval {what}", ["eval", "{RUN}", "--out", out]))
+        ok = (0, 2) if "newline" in what else (2,)  # Linux takes any byte but / and NUL in a name
+        cases.append(Case("hostile-path", f"train {what}", ["train", *TINY, "--out", out], codes=ok))
+        cases.append(Case("hostile-path", f"explain {what}", ["explain", "{RUN}", "{F}/good.png", "--out", out],
+                          codes=ok))
+        cases.append(Case("hostile-path", f"eval {what}", ["eval", "{RUN}", "--out", out], codes=ok))
     for what, d in (("missing", "{W}/missing"), ("a file", "{F}/good.png"), ("empty", "{W}/empty"),
                     ("/proc", "/proc"), ("/dev/null", "/dev/null")):
         prep = (lambda w, f: (w / "empty").mkdir()) if what == "empty" else None
@@ -508,7 +515,9 @@ def existing_run_cases() -> list[Case]:
         Case("existing-run", "train --out an existing run", ["train", *TINY, "--out", "{RUN}"]),
         Case("existing-run", "train --out an existing caption run", ["train", *TINY, "--out", "{CAP}"]),
         Case("existing-run", "eval RUN --out RUN", ["eval", "{RUN}", "--out", "{RUN}"]),
-        Case("existing-run", "explain RUN --out RUN", ["explain", "{RUN}", "{F}/good.png", "--out", "{RUN}"]),
+        # explain adds its own files beside a run's and replaces none: on a copy, so the shared run stays as it is
+        Case("existing-run", "explain RUN --out RUN", ["explain", "{W}/r", "{F}/good.png", "--out", "{W}/r"],
+             prepare=copy_run("RUN", "r"), codes=(0, 2)),
         Case("existing-run", "train --resume with flags", ["train", "--resume", "{RUN}", "--lr", "0.1"]),
         Case("existing-run", "train --resume a finished run again... with --overwrite",
              ["train", "--resume", "{RUN}", "--overwrite"]),
@@ -518,8 +527,9 @@ def existing_run_cases() -> list[Case]:
              prepare=then(copy_run("RUN", "r"), edit_json("r/config.json", lambda d: d.update(lr=0.5)))),
         Case("existing-run", "train --resume a run another process holds",
              ["train", "--resume", "{W}/r", "--no-progress"], prepare=then(copy_run("RUN", "r"), _hold_lock)),
+        # a run goes beside files that are not a run's, losing none of them (checked below): no refusal needed
         Case("existing-run", "train --out a folder of other files", ["train", *TINY, "--out", "{W}/other"],
-             prepare=write("other/notes.txt", "mine")),
+             prepare=write("other/notes.txt", "mine"), codes=(0, 2)),
     ]
 
 
@@ -546,14 +556,18 @@ def write_failure_cases() -> list[Case]:
         cases.append(Case("write-failure", f"caption train, file-size limit {limit} B",
                           ["train", *caption_flags({"coco": "{F}/captions.json", "cap_images": "{F}/cap_images"}),
                            "--out", "{W}/out"], fsize=limit))
+        # eval's and explain's files, and what a finished run's resume writes, may all fit under the larger limits
+        fits = (0, 2) if limit >= 20000 else (2,)
         cases.append(Case("write-failure", f"eval --out, file-size limit {limit} B",
-                          ["eval", "{RUN}", "--out", "{W}/out"], fsize=limit))
+                          ["eval", "{RUN}", "--out", "{W}/out"], fsize=limit, codes=fits))
         cases.append(Case("write-failure", f"explain, file-size limit {limit} B",
-                          ["explain", "{RUN}", "{F}/good.png", "--out", "{W}/out"], fsize=limit))
+                          ["explain", "{RUN}", "{F}/good.png", "--out", "{W}/out"], fsize=limit, codes=fits))
         cases.append(Case("write-failure", f"train --resume, file-size limit {limit} B",
-                          ["train", "--resume", "{W}/r", "--no-progress"], prepare=copy_run("RUN", "r"), fsize=limit))
+                          ["train", "--resume", "{W}/r", "--no-progress"], prepare=copy_run("RUN", "r"), fsize=limit,
+                          codes=fits))
+    # root writes into a folder whatever its mode says
     cases.append(Case("write-failure", "train --out a read-only folder", ["train", *TINY, "--out", "{W}/ro/run"],
-                      prepare=_read_only("ro")))
+                      prepare=_read_only("ro"), codes=(0, 2) if os.geteuid() == 0 else (2,)))
     return cases
 
 
