@@ -19,6 +19,8 @@ from vitscope.cli.common import (
     open_caption_run,
 )
 
+BEAM = 5  # eval's beam size for captioning and translation runs
+
 
 def add_eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="accuracy, per-class accuracy and confusion matrix of a checkpoint",
@@ -45,7 +47,7 @@ def add_eval_parser(sub) -> None:
     g = p.add_argument_group("captioning runs (vitscope train --task caption)",
                              "BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact match and "
                              "attention grounding) for greedy decoding and for beam search of size --beam")
-    add_caption_options(g, beam_default=5)
+    add_caption_options(g, beam_default=BEAM)
     add_kernels_flag(p)
     p.set_defaults(run=run_eval)
 
@@ -64,6 +66,13 @@ def run_eval(args) -> int:
         return run_translation_eval(args)
     if is_caption_checkpoint(args.checkpoint):
         return run_caption_eval(args)
+    decoding = [flag for flag, given in (("--beam", args.beam != BEAM), ("--max-len", args.max_len is not None),
+                                         ("--length-penalty", args.length_penalty != 0.0),
+                                         ("--no-repeat-ngram", args.no_repeat_ngram != 0), ("--vocab", args.vocab))
+                if given]
+    if decoding:  # else ignored in silence
+        raise UsageError(f"{', '.join(decoding)}: decoding options, for captioning and translation runs; "
+                         f"{args.checkpoint} is a classifier, evaluated without them")
     out = check_out_dir(args.out, writes=("confusion.png", "eval.json"), overwrite=args.overwrite) if args.out else None
     model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
     name = args.dataset or info.dataset
