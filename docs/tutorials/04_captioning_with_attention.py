@@ -301,7 +301,7 @@ caption_figure(lstm.model, test_scenes.images[pick], lstm.vocab, lstm.mean, lstm
 # and a shirt. The transformer still wins per minute: its teacher-forced training sees all
 # positions at once, where each LSTM step waits for the previous one. vitscope's `caption_lstm`
 # preset (`vitscope train --preset caption_lstm`, on the README's stronger encoder) trains the same
-# LSTM for three epochs to about 87% item accuracy and 92% grounding (benchmarks/RESULTS.md).
+# LSTM for three epochs to about 91% item accuracy and 89-94% grounding with beam 5 (benchmarks/RESULTS.md).
 
 # %% [markdown]
 # ## Learned against sinusoidal positions

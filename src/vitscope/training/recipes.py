@@ -139,10 +139,11 @@ def caption_lstm_quick() -> TrainConfig:
 def caption_lstm() -> TrainConfig:
     """Show, Attend and Tell for the accuracy target: caption_lstm_quick's recipe for three epochs.
 
-    `make run` first, then `vitscope train --preset caption_lstm`, then `vitscope eval RUN --beam 5` -> about 87%
-    item accuracy with beam 5 and 92% of item words' alignments peaking in their cell: 86.97% / 92.1% (seed 0)
-    and 86.73% / 91.7% (seed 1), seed 1 in 4.2 minutes on a quiet 2-core Zen 5 EPYC (bfloat16). Evidence and
-    commands: benchmarks/RESULTS.md. Why this recipe: AdamW (under Muon the alignment stayed at chance), the
+    `make run` first (its classifier starts the encoder), then `vitscope train --preset caption_lstm`, then
+    `vitscope eval RUN --beam 5` -> about 91% item accuracy with beam 5 and 89-94% of item words' alignments peaking
+    in their cell: 91.75% / 89.3% (seed 0) and 90.53% / 93.6% (seed 1), in 13-14 minutes on one thread of a shared
+    2-core Zen 5 EPYC (bfloat16). From scratch (`--init-weights none`) about 87% / 92%, 4.2 minutes on both cores
+    of a quiet one. Evidence and commands: benchmarks/RESULTS.md. Why this recipe: AdamW (under Muon the alignment stayed at chance), the
     regulariser at the paper's weight, and each caption trained only to its end; `--decoder-set memory=stem`
     reads the conv stem's grid instead.
     """
