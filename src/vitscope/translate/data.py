@@ -57,8 +57,8 @@ class ParallelData:
 
     @property
     def max_target_len(self) -> int:
-        """The decoder's positions: <bos>, twice the longest source (no word has more than two target words)
-        and <eos>."""
+        """The decoder's positions: `<bos>`, twice the longest source (no word has more than two target words)
+        and `<eos>`."""
         return 2 * self.max_words + 2
 
 
