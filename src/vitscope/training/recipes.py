@@ -143,9 +143,9 @@ def caption_lstm() -> TrainConfig:
     `vitscope eval RUN --beam 5` -> about 91% item accuracy with beam 5 and 89-94% of item words' alignments peaking
     in their cell: 91.75% / 89.3% (seed 0) and 90.53% / 93.6% (seed 1), in 13-14 minutes on one thread of a shared
     2-core Zen 5 EPYC (bfloat16). From scratch (`--init-weights none`) about 87% / 92%, 4.2 minutes on both cores
-    of a quiet one. Evidence and commands: benchmarks/RESULTS.md. Why this recipe: AdamW (under Muon the alignment stayed at chance), the
-    regulariser at the paper's weight, and each caption trained only to its end; `--decoder-set memory=stem`
-    reads the conv stem's grid instead.
+    of a quiet one. Evidence and commands: benchmarks/RESULTS.md. Why this recipe: AdamW (under Muon the alignment
+    stayed at chance), the regulariser at the paper's weight, and each caption trained only to its end;
+    `--decoder-set memory=stem` reads the conv stem's grid instead.
     """
     return TrainConfig(**{**_SCENES, "optimizer": "adamw", "lr": 1e-3}, captioner="lstm", epochs=3,
                        decoder_args=dict(_LSTM))
