@@ -1,5 +1,5 @@
 """A campaign of random SIGKILLs against `vitscope train`, resuming after each, that must end with the weights of
-an uninterrupted run, bit for bit (issue 48).
+an uninterrupted run, bit for bit, as a crash-safe run must.
 
     .venv/bin/python scripts/kill_campaign.py --kills 30 --seed 0
 

@@ -55,19 +55,10 @@ class CaptionRun:
 
 def is_caption_checkpoint(source: str | Path) -> bool:
     """Whether `source` (a run directory or a .safetensors file) holds a captioner."""
-    from vitscope.weights.checkpoints import find_checkpoint, read_metadata
+    from vitscope.weights.checkpoints import checkpoint_metadata
 
-    path = Path(source)
-    if not path.exists():
-        return False
-    try:
-        ckpt = find_checkpoint(path)
-    except FileNotFoundError:
-        return False
-    if ckpt.suffix != ".safetensors":
-        return False
-    meta = read_metadata(ckpt)
-    return CAPTIONER_KEY in meta or VOCAB_KEY in meta
+    meta = checkpoint_metadata(source)
+    return meta is not None and (CAPTIONER_KEY in meta or VOCAB_KEY in meta)
 
 
 def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, kernels: bool = False) -> CaptionRun:

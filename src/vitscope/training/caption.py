@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from vitscope.training.config import TrainConfig
 from vitscope.training.task import (
     Evaluation,
+    Losses,
     Metric,
     StepStats,
     TrainResult,
@@ -31,18 +32,6 @@ from vitscope.training.task import (
 ITEM_ACCURACY = Metric("item accuracy", "test_item_accuracy")  # Fashion-MNIST scenes: items named in their cells
 CIDER = Metric("CIDEr-D", "test_cider", percent=False)  # any other caption dataset
 ROW_METRICS = ("bleu1", "bleu4", "cider", "item_accuracy", "exact_match", "grounding", "grounding_per_layer")
-
-
-class CaptionLosses(nn.Module):
-    """The captioner's training forward, images and captions -> its loss terms, as one module, so DDP's
-    hooks and torch.compile see the whole computation (the captioner itself stays whole for checkpoints)."""
-
-    def __init__(self, captioner: nn.Module):
-        super().__init__()
-        self.captioner = captioner
-
-    def forward(self, images: Tensor, tokens: Tensor) -> dict[str, Tensor]:
-        return self.captioner.losses(images, tokens)
 
 
 @dataclass
@@ -91,7 +80,7 @@ class CaptionTask:
 
     @property
     def train_module(self) -> nn.Module:
-        return CaptionLosses(self.model)
+        return Losses(self.model)
 
     @property
     def train_size(self) -> int:

@@ -116,6 +116,18 @@ class Task(Protocol):
 
 
 # -- what every task shares --------------------------------------------------------------------------------
+class Losses(nn.Module):
+    """A model's training forward, its inputs -> its loss terms (`model.losses(...)`), as one module, so DDP's hooks
+    and torch.compile see the whole computation while the model itself stays whole for checkpoints."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Tensor) -> dict[str, Tensor]:
+        return self.model.losses(*inputs)
+
+
 def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
     """create_model's `pretrained`: timm's weights, a file's, or none; a resumed run has its own (so the
     file is looked for here, when a run starts, and not when a config is read)."""

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from vitscope.training.config import TrainConfig
 from vitscope.training.task import (
     Evaluation,
+    Losses,
     Metric,
     StepStats,
     TrainResult,
@@ -27,17 +28,6 @@ from vitscope.training.task import (
 
 EXACT_MATCH = Metric("exact match", "test_exact_match")
 ROW_METRICS = ("token_accuracy", "bleu4", "alignment", "alignment_best_head")
-
-
-class TranslationLosses(nn.Module):
-    """The translator's training forward, source and target -> its loss terms, as one module for DDP."""
-
-    def __init__(self, translator: nn.Module):
-        super().__init__()
-        self.translator = translator
-
-    def forward(self, src: Tensor, tgt: Tensor) -> dict[str, Tensor]:
-        return self.translator.losses(src, tgt)
 
 
 @dataclass
@@ -70,7 +60,7 @@ class TranslateTask:
 
     @property
     def train_module(self) -> nn.Module:
-        return TranslationLosses(self.model)
+        return Losses(self.model)
 
     @property
     def train_size(self) -> int:

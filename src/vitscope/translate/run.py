@@ -73,16 +73,11 @@ class TranslatorRun:
 
 
 def is_translation_checkpoint(source: str | Path) -> bool:
-    from vitscope.weights.checkpoints import find_checkpoint, read_metadata
+    """Whether `source` (a run directory or a .safetensors file) holds a translator."""
+    from vitscope.weights.checkpoints import checkpoint_metadata
 
-    path = Path(source)
-    if not path.exists():
-        return False
-    try:
-        ckpt = find_checkpoint(path)
-    except FileNotFoundError:
-        return False
-    return ckpt.suffix == ".safetensors" and TRANSLATOR_KEY in read_metadata(ckpt)
+    meta = checkpoint_metadata(source)
+    return meta is not None and TRANSLATOR_KEY in meta
 
 
 def open_translator(source: str | Path) -> TranslatorRun:

@@ -83,6 +83,19 @@ def find_checkpoint(path: PathLike) -> Path:
     return p
 
 
+def checkpoint_metadata(source: PathLike) -> dict[str, str] | None:
+    """The metadata of the .safetensors checkpoint `source` (a run directory or the file) holds, or None where it
+    holds none: what the commands read to tell a classifier, a captioner and a translator apart."""
+    path = Path(source)
+    if not path.exists():
+        return None
+    try:
+        ckpt = find_checkpoint(path)
+    except FileNotFoundError:
+        return None
+    return read_metadata(ckpt) if ckpt.suffix == ".safetensors" else None
+
+
 def load_model(path: PathLike, *, map_location: str | torch.device = "cpu") -> VisionTransformer:
     """Rebuild the model saved by `save_model` from its config and load its weights strictly (eval mode)."""
     meta = read_metadata(path)
