@@ -231,10 +231,10 @@ def compare(args) -> None:
     from vitscope.kernels import bf16 as bf16_support
 
     shape = quick_shape(small=args.small)
-    dtypes = ["float32"] + (["bfloat16"] if bf16_support.native_matmul() else [])
-    cases = [dict(mode=mode, n=n, dtype=dt) for dt in dtypes for n in args.lengths
-             for mode in ("greedy", f"beam {args.beam}")]
-    cases += [dict(mode="train", n=args.lengths[-1], dtype=dt) for dt in dtypes]
+    dtypes = [dt for dt in ["float32"] + (["bfloat16"] if bf16_support.native_matmul() else []) if dt in args.dtypes]
+    modes = [m for m in ("greedy", f"beam {args.beam}") if m.split()[0] in args.modes]
+    cases = [dict(mode=mode, n=n, dtype=dt) for dt in dtypes for n in args.lengths for mode in modes]
+    cases += [dict(mode="train", n=args.lengths[-1], dtype=dt) for dt in dtypes if "train" in args.modes]
     import transformers
 
     print(_header(dict(transformers=transformers.__version__, torch_threads=args.threads)))
@@ -339,6 +339,10 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--lengths", type=int, nargs="+", default=[20, 32])
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
+                    help="against transformers: the dtypes to time (bfloat16 only where the CPU runs it natively)")
+    ap.add_argument("--modes", nargs="+", default=["greedy", "beam", "train"], choices=["greedy", "beam", "train"],
+                    help="against transformers: the cases to time")
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=40)
     ap.add_argument("--dim", type=int, default=256)

@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from vitscope.attention import attend as plain_attend
 from vitscope.kernels import registry, short_attention
-from vitscope.kernels.modules import swap_in, swap_out
 from vitscope.kernels.registry import KERNELS, Kernel, disabled, enabled, why_not
+from vitscope.kernels.swapping import swap_in, swap_out
 
 
 def apply(model: nn.Module) -> nn.Module:

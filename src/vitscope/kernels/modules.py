@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 from torch import Tensor, nn
-from torch.nn.modules import module as torch_module
 
 from vitscope.attention import MultiHeadAttention, attend
 from vitscope.kernels import (
@@ -29,42 +28,12 @@ from vitscope.kernels import (
 )
 from vitscope.kernels.fused_gelu import GELU
 from vitscope.kernels.fused_linear import Linear
+from vitscope.kernels.guards import Settles, dropping, hooked, records
 from vitscope.kernels.registry import enabled
 from vitscope.vit import Block, ConvStem, Mlp, PatchEmbed, VisionTransformer
 
 
-def _hooked(*modules: nn.Module) -> bool:
-    """Whether a hook could see these modules called (their own hooks, or global ones)."""
-    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-            or torch_module._global_backward_hooks or torch_module._global_backward_pre_hooks):
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-               for m in modules)
-
-
-def _records(*ts: Tensor) -> bool:
-    """Whether autograd records an op on these tensors now."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
-
-
-def _dropping(drop: nn.Dropout) -> bool:
-    return drop.training and drop.p > 0
-
-
-class _Settles:
-    """A fast module settles what its children's types decide when it is swapped in, and again whenever one
-    of its children is replaced (`mlp.fc1 = MyLinear(...)`), so a replaced child is never bypassed."""
-
-    def _settle(self) -> None:
-        pass
-
-    def __setattr__(self, name: str, value) -> None:
-        super().__setattr__(name, value)
-        if isinstance(value, nn.Module) and self.__dict__.get("_settled"):
-            self._settle()
-
-
-class FastMlp(_Settles, Mlp):
+class FastMlp(Settles, Mlp):
     """fc1 -> GELU -> fc2 with, in bfloat16 inference, fc1's bias and the GELU inside its product
     (fused_linear.py), and in training the GELU's derivative kept instead of its input (fused_mlp.py)."""
 
@@ -74,18 +43,18 @@ class FastMlp(_Settles, Mlp):
         self._reads_through_linear = type(self.fc1) is Linear  # what a bfloat16 norm before it may feed
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (x.is_cpu and enabled() and self._exact) or _dropping(self.drop1):
+        if not (x.is_cpu and enabled() and self._exact) or dropping(self.drop1):
             return super().forward(x)
         w1, b1, w2, b2 = self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
         if (fused_linear.fusable(x, w1, b1) and not fused_linear.needs_grad(x, w1, b1)
-                and not _hooked(self.fc1, self.act, self.drop1)):
+                and not hooked(self.fc1, self.act, self.drop1)):
             return self.drop2(self.fc2(fused_linear.linear(x, w1, b1, gelu=True)))
-        if fused_mlp.fusable(x, w1, b1, w2, b2) and not _hooked(self.fc1, self.act, self.drop1, self.fc2):
+        if fused_mlp.fusable(x, w1, b1, w2, b2) and not hooked(self.fc1, self.act, self.drop1, self.fc2):
             return self.drop2(fused_mlp.mlp(x, w1, b1, w2, b2))
         return super().forward(x)
 
 
-class FastAttention(_Settles, MultiHeadAttention):
+class FastAttention(Settles, MultiHeadAttention):
     """Self-attention straight from the fused qkv projection into vitscope's attention kernels, which
     write the heads side by side as `proj` reads them (short_attention.py)."""
 
@@ -114,7 +83,7 @@ class FastAttention(_Settles, MultiHeadAttention):
         return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
 
 
-class FastBlock(_Settles, Block):
+class FastBlock(Settles, Block):
     """The pre-norm block with, under bfloat16 autocast, each LayerNorm writing bfloat16 for the linear
     layer that reads it (fused_layer_norm.py), the residual adds in one pass (fused_residual.py), and a
     residual add and the next LayerNorm together (fused_add_norm.py), also across blocks
@@ -145,16 +114,16 @@ class FastBlock(_Settles, Block):
 
     def _norm(self, norm: nn.LayerNorm, x: Tensor, feeds: bool, consumer: nn.Module) -> Tensor:
         """norm(x), under bfloat16 autocast straight to the bfloat16 its consumer's first linear would cast it to."""
-        if feeds and fused_layer_norm.fusable(x, norm) and not _hooked(norm, consumer, _first(consumer)):
+        if feeds and fused_layer_norm.fusable(x, norm) and not hooked(norm, consumer, _first(consumer)):
             return fused_layer_norm.layer_norm(x, norm)
         return norm(x)
 
     def _residual(self, x: Tensor, branch: Tensor, ls: nn.Module, drop_path: nn.Module, *,
                   own_x: bool = False) -> Tensor:
         """x + drop_path(ls(branch)); a bfloat16 branch added in one pass, into x itself where `own_x`."""
-        plain = self._plain_residuals and not _dropping_path(drop_path) and not _hooked(drop_path)
+        plain = self._plain_residuals and not _dropping_path(drop_path) and not hooked(drop_path)
         if plain and fused_residual.fusable(x, branch):
-            if own_x and not _records(x, branch):
+            if own_x and not records(x, branch):
                 return fused_residual.add_(x, branch)
             return fused_residual.add(x, branch)
         return x + drop_path(ls(branch))
@@ -164,11 +133,11 @@ class FastBlock(_Settles, Block):
         """(x + branch, norm of it in bfloat16) in one pass where both would run the kernels; else None."""
         if not (self._plain_residuals and feeds) or _dropping_path(drop_path):
             return None
-        if _hooked(drop_path, norm, consumer, _first(consumer)):
+        if hooked(drop_path, norm, consumer, _first(consumer)):
             return None
         if not fused_add_norm.fusable(x, branch, norm):
             return None
-        out = x if own_x and not _records(x, branch) else None
+        out = x if own_x and not records(x, branch) else None
         return fused_add_norm.add_layer_norm(x, branch, norm, out=out)
 
     def forward_chained(self, x: Tensor, normed: Tensor | None, following: FastBlock | None, *,
@@ -203,25 +172,25 @@ def _dropping_path(drop_path: nn.Module) -> bool:
     return drop_path.training and getattr(drop_path, "p", 0.0) > 0
 
 
-class FastConvStem(_Settles, ConvStem):
+class FastConvStem(Settles, ConvStem):
     """The conv stem with each BatchNorm and the GELU after it in one kernel (fused_bn_gelu.py), and in
     training each conv's weight gradient from vitscope's kernel (fused_conv.py), in channels-last memory."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not (x.is_cpu and enabled()) or _hooked():
+        if not (x.is_cpu and enabled()) or hooked():
             return super().forward(x)
         mods, i = list(self), 0
         while i < len(mods):
-            if i + 1 < len(mods) and fused_bn_gelu.fusable(x, mods[i], mods[i + 1]) and not _hooked(*mods[i:i + 2]):
+            if i + 1 < len(mods) and fused_bn_gelu.fusable(x, mods[i], mods[i + 1]) and not hooked(*mods[i:i + 2]):
                 x, i = fused_bn_gelu.bn_gelu(x, mods[i]), i + 2
-            elif fused_conv.fusable(x, mods[i]) and not _hooked(mods[i]):
+            elif fused_conv.fusable(x, mods[i]) and not hooked(mods[i]):
                 x, i = fused_conv.conv2d(x, mods[i]), i + 1
             else:
                 x, i = mods[i](x), i + 1
         return x
 
 
-class FastPatchEmbed(_Settles, PatchEmbed):
+class FastPatchEmbed(Settles, PatchEmbed):
     """Patch embedding with, in bfloat16, the stride-P conv run as the linear map of each flattened patch
     that it is (oneDNN's fused linear is 2-3x as fast as its conv, same weights); a conv stem runs in
     channels-last memory, which oneDNN's convs are faster in."""
@@ -239,7 +208,7 @@ class FastPatchEmbed(_Settles, PatchEmbed):
             return super().forward(x)
         self.check(x)
         w, b = self.proj.weight, self.proj.bias
-        if self.stem is None and type(self.proj) is nn.Conv2d and not _hooked(self.proj):
+        if self.stem is None and type(self.proj) is nn.Conv2d and not hooked(self.proj):
             if fused_linear.fusable(x, w, b):
                 p = self.patch_size
                 patches = rearrange(x.to(torch.bfloat16), "b c (h p) (w q) -> b (h w) (c p q)", p=p, q=p)
@@ -250,7 +219,7 @@ class FastPatchEmbed(_Settles, PatchEmbed):
         return rearrange(self.proj(x), "b d h w -> b (h w) d")
 
 
-class FastViT(_Settles, VisionTransformer):
+class FastViT(Settles, VisionTransformer):
     """The ViT whose loop over blocks chains each block's last residual add with the next one's norm1
     (FastBlock.forward_chained), and whose last block, where the head reads the class token alone,
     computes that one token's output (all tokens are still its keys and values): the same logits for
@@ -258,7 +227,7 @@ class FastViT(_Settles, VisionTransformer):
 
     def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
         blocks = list(self.blocks)
-        chain = enabled() and x.is_cpu and all(type(b) is FastBlock for b in blocks) and not _hooked(*blocks)
+        chain = enabled() and x.is_cpu and all(type(b) is FastBlock for b in blocks) and not hooked(*blocks)
         normed = None
         for i, block in enumerate(blocks):
             last = i == len(blocks) - 1
@@ -283,40 +252,7 @@ class FastViT(_Settles, VisionTransformer):
         if self.global_pool != "token" or not len(self.blocks) or type(self.blocks[-1]) is not FastBlock:
             return False
         last = self.blocks[-1]
-        return last.attn.capture is None and not _hooked(*last.modules(), *self.norm.modules())
+        return last.attn.capture is None and not hooked(*last.modules(), *self.norm.modules())
 
 
-# Each plain class and the class that stands in for it; only exact types are swapped, so a user's
-# subclass keeps its own forward.
-SWAPS: dict[type[nn.Module], type[nn.Module]] = {
-    nn.Linear: Linear, nn.GELU: GELU, Mlp: FastMlp, MultiHeadAttention: FastAttention, Block: FastBlock,
-    ConvStem: FastConvStem, PatchEmbed: FastPatchEmbed, VisionTransformer: FastViT,
-}
-PLAIN = {fast: plain for plain, fast in SWAPS.items() if fast is not plain}
-
-
-def swap_in(model: nn.Module) -> nn.Module:
-    """Swap the fast classes into `model` in place (children before parents, so each parent settles with
-    its children's final types) and return it."""
-    for m in reversed(list(model.modules())):
-        m.__class__ = SWAPS.get(type(m), type(m))
-        if isinstance(m, _Settles):  # settled again where applied twice
-            m._settle()
-            m._settled = True
-    return model
-
-
-def swap_out(model: nn.Module) -> nn.Module:
-    """Give every module of `model` its plain class back, in place, and return it."""
-    for m in model.modules():
-        plain = PLAIN.get(type(m))
-        if plain is not None:
-            if hasattr(m, "_unsettle"):
-                m._unsettle()
-            m.__dict__.pop("_settled", None)
-            m.__class__ = plain
-    return model
-
-
-__all__ = ["FastAttention", "FastBlock", "FastConvStem", "FastMlp", "FastPatchEmbed", "FastViT", "swap_in",
-           "swap_out"]
+__all__ = ["FastAttention", "FastBlock", "FastConvStem", "FastMlp", "FastPatchEmbed", "FastViT"]

@@ -65,6 +65,8 @@ KERNELS: tuple[Kernel, ...] = (
            "short_attention"),
     Kernel("attention", "amx", ("bfloat16",), "softmax(q kᵀ) v, in AMX tiles", "short_attention"),
     Kernel("attention", "avx512_bf16", ("bfloat16",), "softmax(q kᵀ) v, pair dot products", "short_attention"),
+    Kernel("decode attention", "avx512_bf16", ("bfloat16",), "a decoding step's cross-attention, weights out",
+           "decode_attention"),
     Kernel("linear", None, ("bfloat16",), "nn.Linear: the bias (and in inference GELU) inside oneDNN's matmul",
            "fused_linear"),
     Kernel("linear", "avx2", ("float32",), "nn.Linear's three products on AMD CPUs without AVX-512",

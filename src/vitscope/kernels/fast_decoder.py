@@ -1,0 +1,176 @@
+"""The Transformer decoder's one-token step, in the few ops it needs: what greedy decoding and beam search call.
+
+Decoding calls the decoder once per word with one new token per row, against the keys and values its caches
+hold. A step at caption_quick's shape (32 rows, width 128, 2 blocks) is a few MFLOP, so its time is what
+surrounds the arithmetic: the plain decoder (vitscope/decoder.py) goes through each attention module's
+projection, rearranges, mask handling and checks, and under bfloat16 autocast casts every linear layer's
+weights to bfloat16 again at every call; and PyTorch's bfloat16 products of one query row, which the
+cross-attention asks twice per block, run at a few GFLOP/s. `FastTransformerDecoder.forward` takes such a step
+with the same tensors in the same order through the same linear kernels and `attend` (so the plain decoder's
+numbers, bit for bit), except that:
+
+- the linear layers' bfloat16 weights are cast once and kept on the module, recast when a weight changes
+  (its version or storage); they take half the size of the decoder's linear layers;
+- in bfloat16, where vitscope's decode-attention kernel runs (decode_attention.py), it takes the
+  cross-attention from keys and values packed once per decoding: its weights keep float32 scores, so they
+  are closer to the float64 ones than `attend`'s.
+
+    x = token_embed(token) + pos_embed[t]                                  (R, 1, D)
+    for each block:
+        q, k, v = qkv(norm1(x)) as (R, H, 1, Dh);  k, v = self cache + k, v
+        x = x + proj(attend(q, k, v))                                      one query, every cached key
+        q = q(norm2(x)) as (B, H, G, Dh)                                   an image's G beams together
+        x = x + proj(attend(q, cross k, cross v))                          weights (B, H, G, N) kept
+        x = x + mlp(norm3(x))
+    logits = head(norm(x))                                                 (R, 1, V)
+
+Every other call (training, teacher forcing, the first step that fills the caches, hooks, captured or
+masked heads, a padding mask on the tokens) runs the plain decoder. Measurements: docs/performance.md,
+"Decoding one token at a time".
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import Tensor, nn
+
+from vitscope.attention import MultiHeadAttention, attend
+from vitscope.decoder import Caches, DecoderBlock, TransformerDecoder, _context_rows, _keep_mask
+from vitscope.kernels import decode_attention, fused_linear
+from vitscope.kernels.fused_linear import Linear
+from vitscope.kernels.guards import Settles, hooked
+from vitscope.kernels.modules import FastAttention, FastMlp
+from vitscope.kernels.registry import enabled
+from vitscope.positional import LearnedPositionalEmbedding
+from vitscope.vit import Mlp
+
+
+class FastTransformerDecoder(Settles, TransformerDecoder):
+    """The decoder whose one-token decoding steps run `_step` (the module docstring); every other call is the
+    plain decoder's."""
+
+    def _settle(self) -> None:
+        blocks = list(self.blocks)
+        attention = (MultiHeadAttention, FastAttention)
+        self._steps = bool(blocks) and all(
+            type(b) is DecoderBlock and type(b.self_attn) in attention and type(b.cross_attn) in attention
+            and type(b.mlp) in (Mlp, FastMlp) and all(type(n) is nn.LayerNorm for n in (b.norm1, b.norm2, b.norm3))
+            and all(isinstance(a.q_norm, nn.Identity) and isinstance(a.k_norm, nn.Identity)
+                    for a in (b.self_attn, b.cross_attn))
+            for b in blocks
+        ) and type(self.norm) is nn.LayerNorm and type(self.token_embed) is nn.Embedding and type(
+            self.pos_embed) is LearnedPositionalEmbedding
+        # FastMlp's bfloat16 path, fc1's GELU inside its product, where every MLP would take it
+        self._fused_mlps = self._steps and all(type(b.mlp) is FastMlp and b.mlp._exact for b in blocks)
+        self._linears: list[nn.Module] = []  # the layers whose bfloat16 weights `_weights` keeps
+        if self._steps:
+            self._linears = [m for b in blocks for m in (b.self_attn.qkv, b.self_attn.proj, b.cross_attn.q,
+                                                         b.cross_attn.proj)] + [self.head]
+            self._linears += [m for b in blocks for m in (b.mlp.fc1, b.mlp.fc2)] if self._fused_mlps else []
+            self._steps = all(type(m) in (nn.Linear, Linear) for m in self._linears)
+        self._watched = list(self.modules())  # what a hook on any of them would see skipped
+        self._cast: tuple[tuple, dict[nn.Module, tuple[Tensor, Tensor | None]]] | None = None
+        self._packs: list[tuple | None] = [None] * len(blocks)  # per block: its cross cache's packed keys, values
+
+    def forward(self, tokens: Tensor, context: Tensor | None, *, padding_mask: Tensor | None = None,
+                context_padding_mask: Tensor | None = None, caches: Caches | None = None,
+                return_weights: bool = False):
+        if not self._one_token(tokens, padding_mask, caches):
+            return super().forward(tokens, context, padding_mask=padding_mask,
+                                   context_padding_mask=context_padding_mask, caches=caches,
+                                   return_weights=return_weights)
+        return self._step(tokens, _keep_mask(context_padding_mask), caches, return_weights)
+
+    def _one_token(self, tokens: Tensor, padding_mask: Tensor | None, caches: Caches | None) -> bool:
+        """Whether this call is a decoding step `_step` may take: one new token per row after a filled cache,
+        inference on the CPU, the decoder's own modules untouched by hooks, captures or head masks."""
+        if not (self._steps and enabled() and tokens.is_cpu and tokens.ndim == 2 and tokens.shape[1] == 1
+                and caches is not None and padding_mask is None and not self.training
+                and not torch.is_grad_enabled()):
+            return False
+        if len(caches) != len(self.blocks) or any(len(s) == 0 or c.k is None for s, c in caches):
+            return False  # the plain decoder fills the caches, or says what is wrong with them
+        rows = _context_rows(None, caches, tokens.shape[0])
+        if tokens.shape[0] % rows or len(caches[0][0]) >= self.pos_embed.weight.shape[0]:
+            return False  # the plain decoder's error
+        if any(a.capture is not None or a.head_mask is not None
+               for b in self.blocks for a in (b.self_attn, b.cross_attn)):
+            return False
+        return not hooked(*self._watched)
+
+    def _weights(self, x: Tensor) -> dict[nn.Module, tuple[Tensor, Tensor | None]] | None:
+        """Each linear layer's (weight, bias) as the bfloat16 path reads them, cast once while they stay the same;
+        None where the layers do not run that path here (then each runs its own forward)."""
+        first = self._linears[0]
+        if type(first) is not Linear or not fused_linear.fusable(x, first.weight, first.bias):
+            return None
+        params = [p for m in self._linears for p in (m.weight, m.bias) if p is not None]
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        if self._cast is None or self._cast[0] != key:
+            bf16 = torch.bfloat16
+            self._cast = (key, {m: (m.weight.to(bf16), None if m.bias is None else m.bias.to(bf16))
+                                for m in self._linears})
+        return self._cast[1]
+
+    def _step(self, tokens: Tensor, context_mask: Tensor | None, caches: Caches, return_weights: bool):
+        """tokens (R, 1) -> logits (R, 1, V), and with `return_weights` every block's cross-attention
+        (R, 1, L, H, N), as TransformerDecoder.forward gives them."""
+        r, past = tokens.shape[0], len(caches[0][0])
+        b = caches[0][1].k.shape[0]
+        g = r // b  # hypotheses per image
+        x = self.token_embed(tokens) + self.pos_embed.weight[past:past + 1]  # (R, 1, D)
+        weights = self._weights(x)
+
+        def linear(x: Tensor, m: nn.Module) -> Tensor:
+            return m(x) if weights is None else fused_linear.linear(x, *weights[m])
+
+        cross = []
+        for i, (block, (self_cache, cross_cache)) in enumerate(zip(self.blocks, caches)):
+            sa, ca = block.self_attn, block.cross_attn
+            qkv = linear(block.norm1(x), sa.qkv).view(r, 1, 3, sa.num_heads, sa.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (R, H, 1, Dh) each
+            k, v = self_cache.append(k, v)  # (R, H, past + 1, Dh)
+            out = attend(q, k, v, scale=sa.scale)  # (R, H, 1, Dh)
+            x = x + linear(out.transpose(1, 2).reshape(r, 1, -1), sa.proj)
+
+            q = linear(block.norm2(x).reshape(b, g, -1), ca.q)  # (B, G, H·Dh): an image's beams together
+            q = q.view(b, g, ca.num_heads, ca.head_dim).transpose(1, 2)  # (B, H, G, Dh)
+            packed = self._packed(i, cross_cache, q, context_mask)
+            if packed is not None:  # vitscope's kernel: out (B, G, H·Dh) as proj reads it
+                out, w = decode_attention.attend(q, packed, cross_cache.k.shape[2], ca.scale, context_mask,
+                                                 return_weights)
+            else:
+                out = attend(q, cross_cache.k, cross_cache.v, mask=context_mask, scale=ca.scale,
+                             return_weights=return_weights)
+                out, w = out if return_weights else (out, None)
+                out = out.transpose(1, 2).reshape(b, g, -1)  # (B, G, H·Dh)
+            if return_weights:
+                cross.append(w.transpose(1, 2))  # (B, G, H, N)
+            x = x + linear(out, ca.proj).reshape(r, 1, -1)
+
+            x = x + self._mlp(block.mlp, block.norm3(x), weights)
+        logits = linear(self.norm(x), self.head)  # (R, 1, V)
+        if not return_weights:
+            return logits
+        return logits, torch.stack(cross, 2).reshape(r, 1, len(cross), *cross[0].shape[2:])  # (R, 1, L, H, N)
+
+    def _packed(self, i: int, cache, q: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor] | None:
+        """Block i's cross-attention keys and values in the decode-attention kernel's layout, packed once per
+        decoding (the cache they come from is new for each), or None where the kernel does not run."""
+        if not decode_attention.usable(q, cache.k, cache.v, keep):
+            return None
+        entry = self._packs[i]
+        # weak references: a finished decoding's keys and values are not kept alive by the packed copies. The
+        # cache's tensors are written once, when it is filled, and never in place after.
+        if entry is None or entry[0]() is not cache.k or entry[1]() is not cache.v:
+            entry = (weakref.ref(cache.k), weakref.ref(cache.v), decode_attention.pack(cache.k, cache.v))
+            self._packs[i] = entry
+        return entry[2]
+
+    def _mlp(self, mlp: Mlp, h: Tensor, weights: dict | None) -> Tensor:
+        """mlp(h), as FastMlp's bfloat16 inference path runs it (fc1's GELU inside its product) where it would."""
+        if weights is None or not self._fused_mlps:
+            return mlp(h)
+        return fused_linear.linear(fused_linear.linear(h, *weights[mlp.fc1], gelu=True), *weights[mlp.fc2])

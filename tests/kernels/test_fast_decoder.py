@@ -1,0 +1,159 @@
+"""FastTransformerDecoder: a decoding step gives the plain decoder's logits and cross-attention (bit for bit
+where the same ops run, to the kernel's rounding where native/decode_attention.c takes the cross-attention),
+runs only for one-token inference steps that nothing observes, and follows changed weights. The
+decode-attention kernel itself is held to float64: its weights and outputs at least as close as `attend`'s
+in bfloat16.
+
+`make test` runs this folder again under each smaller instruction set the CPU has (VITSCOPE_ISA): there the
+kernel does not run and the steps go through `attend`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from vitscope import kernels
+from vitscope.attention import attend
+from vitscope.decoder import TransformerDecoder
+from vitscope.kernels import decode_attention, registry
+from vitscope.kernels.fast_decoder import FastTransformerDecoder
+
+BF = torch.bfloat16
+KERNEL = registry.runs("decode attention", BF) is not None
+NO_KERNEL = f"the decode-attention kernel does not run here: {registry.why_none('decode attention', BF)}"
+
+
+def _pair(context_dim: int = 24) -> tuple[TransformerDecoder, TransformerDecoder]:
+    torch.manual_seed(0)
+    plain = TransformerDecoder(30, 64, 2, 4, 12, context_dim=context_dim).eval()
+    return plain, kernels.apply(copy.deepcopy(plain))
+
+
+def _decode(model, context, tokens, *, padding=None, groups=1, dtype=torch.float32):
+    """Feed tokens (R, T) one at a time through fresh caches: every step's logits (R, T, V) and cross-attention
+    (R, T, L, H, N)."""
+    logits, weights = [], []
+    caches = model.new_caches()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=BF, enabled=dtype == BF):
+        for t in range(tokens.shape[1]):
+            out, w = model(tokens[:, t:t + 1], context, context_padding_mask=padding, caches=caches,
+                           return_weights=True)
+            logits.append(out.float())
+            weights.append(w.float())
+    assert groups * context.shape[0] == tokens.shape[0]
+    return torch.cat(logits, 1), torch.cat(weights, 1)
+
+
+def _inputs(images: int = 3, groups: int = 1, n: int = 37, padded: bool = False):
+    g = torch.Generator().manual_seed(1)
+    context = torch.randn(images, n, 24, generator=g)
+    tokens = torch.randint(0, 30, (images * groups, 7), generator=g)
+    padding = None
+    if padded:
+        padding = torch.zeros(images, n, dtype=torch.bool)
+        padding[0, n // 2:] = True
+    return context, tokens, padding
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded memory"])
+@pytest.mark.parametrize("groups", [1, 3], ids=["one row per image", "3 beams per image"])
+@pytest.mark.parametrize("dtype", [torch.float32, BF], ids=["float32", "bfloat16"])
+def test_decoding_steps_give_the_plain_decoders_numbers(dtype, groups, padded, monkeypatch):
+    plain, fast = _pair()
+    context, tokens, padding = _inputs(groups=groups, padded=padded)
+    ours = _decode(fast, context, tokens, padding=padding, groups=groups, dtype=dtype)
+    with monkeypatch.context() as m:  # the same model, every step through the plain decoder's modules
+        m.setattr(FastTransformerDecoder, "_one_token", lambda *a: False)
+        stepwise = _decode(fast, context, tokens, padding=padding, groups=groups, dtype=dtype)
+    unswapped = _decode(plain, context, tokens, padding=padding, groups=groups, dtype=dtype)
+    # against PyTorch's modules alone: as every fast module is held (test_fast_modules.py)
+    tolerance = {torch.float32: (2e-5, 1e-4), BF: (3e-2, 5e-2)}[dtype]
+    torch.testing.assert_close(ours, unswapped, atol=tolerance[0], rtol=tolerance[1])
+    if not (dtype == BF and KERNEL):  # the same ops on the same tensors: the same bits
+        torch.testing.assert_close(ours, stepwise, atol=0, rtol=0)
+        return
+    # the kernel keeps the scores in float32 where attend rounds them to bfloat16: weights within that rounding
+    torch.testing.assert_close(ours[1], stepwise[1], atol=4e-3, rtol=2e-2)
+    torch.testing.assert_close(ours[0], stepwise[0], atol=3e-2, rtol=5e-2)
+    if padded:
+        assert ours[1][:groups, :, :, :, context.shape[1] // 2:].abs().max() == 0  # padded tokens get nothing
+
+
+def test_the_fast_step_runs_for_one_token_inference_steps_only(monkeypatch):
+    plain, fast = _pair()
+    context, tokens, _ = _inputs()
+    calls = []
+    step = FastTransformerDecoder._step
+    monkeypatch.setattr(FastTransformerDecoder, "_step", lambda self, *a: calls.append(1) or step(self, *a))
+
+    def steps(**kw) -> int:
+        calls.clear()
+        _decode(fast, context, tokens, **kw)
+        return len(calls)
+
+    assert steps() == tokens.shape[1] - 1  # the first step fills the caches through the plain decoder
+    with kernels.disabled():
+        assert steps() == 0
+    handle = fast.blocks[1].mlp.register_forward_hook(lambda *a: None)
+    assert steps() == 0  # a hook would see the modules called
+    handle.remove()
+    fast.blocks[0].cross_attn.head_mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert steps() == 0
+    fast.blocks[0].cross_attn.head_mask = None
+    fast.train()
+    assert steps() == 0
+    fast.eval()
+    calls.clear()
+    with torch.no_grad():  # teacher forcing: many tokens in one call
+        fast(tokens, context)
+    assert not calls
+    assert steps() == tokens.shape[1] - 1
+
+
+def test_a_changed_weight_is_cast_again(monkeypatch):
+    plain, fast = _pair()
+    context, tokens, _ = _inputs()
+    _decode(fast, context, tokens, dtype=BF)
+    with torch.no_grad():
+        for model in (plain, fast):
+            model.blocks[1].mlp.fc2.weight.mul_(-3.0)  # in place: the version counter moves
+            model.head.bias.add_(0.5)
+    ours, theirs = _decode(fast, context, tokens, dtype=BF), _decode(plain, context, tokens, dtype=BF)
+    torch.testing.assert_close(ours[0], theirs[0], atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.skipif(not KERNEL, reason=NO_KERNEL)
+@pytest.mark.parametrize("shape", [(32, 4, 1, 196, 32), (3, 2, 5, 37, 16), (2, 3, 4, 20, 64), (2, 2, 1, 16, 128),
+                                   (4, 1, 3, 1, 32)], ids=lambda s: "B{} H{} G{} N{} D{}".format(*s))
+@pytest.mark.parametrize("masked", [False, True], ids=["", "masked"])
+def test_the_decode_attention_kernel_is_as_close_to_float64_as_attend(shape, masked):
+    b, h, g, n, d = shape
+    gen = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(b, h, rows, d, generator=gen).to(BF) for rows in (g, n, n))
+    keep = None
+    if masked:
+        keep = torch.rand(b, 1, 1, n, generator=gen) > 0.3
+        keep[0] = False  # an image whose every token is padding: zero weights, zero output
+    assert decode_attention.usable(q, k, v, keep)
+    out, w = decode_attention.attend(q, decode_attention.pack(k, v), n, d ** -0.5, keep)
+    ref_out, ref_w = attend(q.double(), k.double(), v.double(), mask=keep, scale=d ** -0.5, return_weights=True)
+    bf_out, bf_w = attend(q, k, v, mask=keep, scale=d ** -0.5, return_weights=True)
+    out = out.view(b, g, h, d).transpose(1, 2).double()
+    assert (w.double() - ref_w).abs().max() <= max(1e-6, (bf_w.double() - ref_w).abs().max())
+    # both round each output to bfloat16 once, which alone may differ by a unit in the last place (2^-8 relative)
+    assert (out - ref_out).abs().max() <= (bf_out.double() - ref_out).abs().max() + 2 ** -8 * ref_out.abs().max()
+    assert (w.sum(-1) - (ref_w.sum(-1))).abs().max() < 1e-5  # rows sum to 1 (0 where nothing may be seen)
+    _, no_w = decode_attention.attend(q, decode_attention.pack(k, v), n, d ** -0.5, keep, weights=False)
+    assert no_w is None
+
+
+def test_the_decode_attention_kernel_refuses_what_it_cannot_take():
+    q, k = torch.randn(2, 2, 1, 32).to(BF), torch.randn(2, 2, 9, 32).to(BF)
+    assert not decode_attention.usable(q.float(), k.float(), k.float())  # float32
+    assert not decode_attention.usable(q[..., :24], k[..., :24], k[..., :24])  # head dim not a multiple of 16
+    assert not decode_attention.usable(q, k, k, torch.ones(2, 9, dtype=torch.bool))  # not an attend key mask
+    assert not decode_attention.usable(torch.randn(2, 2, 32, 2).to(BF).transpose(-1, -2), k, k)  # strided dims
+    if not KERNEL:
+        assert not decode_attention.usable(q, k, k)
