@@ -1,5 +1,6 @@
 """The decoder's one-token step: `FastTransformerDecoder` (vitscope/kernels/fast_decoder.py) against the same
-kernels-applied captioner with that step switched off, so each decoding step runs the plain decoder's modules.
+kernels-applied captioner with that step switched off, so each decoding step runs the plain decoder's modules, and
+with the step on but its cross-attention left to PyTorch (`attend`) instead of vitscope's decode-attention kernel.
 
 caption_quick's captioner as benchmarks/bench_caption.py builds it (random weights, <eos> unable to end a
 caption), batch 32, greedy and beam 5 decoding of N = 20 tokens from an encoded memory (the encoder is left
@@ -29,6 +30,7 @@ from _machine import machine_header  # noqa: E402
 from bench_caption import build_impl, quick_shape  # noqa: E402
 from vitscope.caption.decoding import decode  # noqa: E402
 from vitscope.kernels import bf16 as bf16_support  # noqa: E402
+from vitscope.kernels import decode_attention  # noqa: E402
 from vitscope.kernels.fast_decoder import FastTransformerDecoder  # noqa: E402
 
 
@@ -44,30 +46,33 @@ def main(argv=None) -> None:
     if not isinstance(model.decoder, FastTransformerDecoder):
         raise SystemExit("the kernels did not swap FastTransformerDecoder in")
     images = torch.randn(32, shape["in_chans"], shape["img"], shape["img"], generator=torch.Generator().manual_seed(1))
-    one_token = FastTransformerDecoder._one_token
+    one_token, usable = FastTransformerDecoder._one_token, decode_attention.usable
+    sides = {"fast": (one_token, usable), "no kernel": (one_token, lambda *a: False),
+             "plain": (lambda *a: False, usable)}
     print(machine_header({"torch_threads": args.threads}))
     print(f"\ncaption_quick's captioner, batch 32, N = {args.n} tokens from an encoded memory, {args.rounds} rounds; "
           "ms per decoding (median process CPU time):\n")
-    print("| decoding | dtype | fast step | plain modules | speed-up | tokens that agree |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| decoding | dtype | fast step | its cross-attention in PyTorch | plain modules | speed-up "
+          "| tokens that agree |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     dtypes = [torch.float32] + ([torch.bfloat16] if bf16_support.native_matmul() else [])
     for dtype in dtypes:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             memory = model.encode(images)
             for beam in (1, 5):
-                times, tokens = {"fast": [], "plain": []}, {}
+                times, tokens = {side: [] for side in sides}, {}
                 for r in range(args.rounds + 1):  # the first round warms up
-                    for side in ("fast", "plain"):
-                        FastTransformerDecoder._one_token = one_token if side == "fast" else lambda *a: False
+                    for side, (step, kernel) in sides.items():
+                        FastTransformerDecoder._one_token, decode_attention.usable = step, kernel
                         t = time.process_time()
                         tokens[side] = decode(model, memory=memory, beam=beam, max_len=args.n + 1).tokens
                         if r:
                             times[side].append(time.process_time() - t)
-                FastTransformerDecoder._one_token = one_token
-                fast, plain = (1000 * statistics.median(times[s]) for s in ("fast", "plain"))
+                FastTransformerDecoder._one_token, decode_attention.usable = one_token, usable
+                fast, no_kernel, plain = (1000 * statistics.median(times[side]) for side in sides)
                 same = f"{100 * (tokens['fast'] == tokens['plain']).float().mean():.1f}%"
                 name = "greedy" if beam == 1 else f"beam {beam}"
-                print(f"| {name} | {str(dtype).removeprefix('torch.')} | {fast:.1f} | {plain:.1f} | "
+                print(f"| {name} | {str(dtype).removeprefix('torch.')} | {fast:.1f} | {no_kernel:.1f} | {plain:.1f} | "
                       f"{plain / fast:.2f}x | {same} |", flush=True)
 
 

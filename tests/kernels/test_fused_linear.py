@@ -190,7 +190,8 @@ def test_float32_and_float16_keep_f_linear_exactly(calls):
     layer = _layer()
     x = torch.randn(4, 48)
     with torch.inference_mode():
-        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        if not fused_linear.float32_available():  # on AMD CPUs float32 takes oneDNN's path (test_linear_f32.py)
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
         with torch.autocast("cpu", dtype=torch.float16):
             assert not fused_linear.fusable(x, layer.weight, layer.bias)
     assert calls == []

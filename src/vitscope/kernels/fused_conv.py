@@ -7,8 +7,8 @@ vitscope's, in one of two kernels:
 - bfloat16 (native/conv_weight_grad.c, AVX512-BF16): packs each chunk of the im2col rows straight from
   the channels-last input, float32 sums per thread, rounded once; oneDNN's bfloat16 weight gradients of
   the stem's small convs run well below its matmul speed, and at an uneven one.
-- float32 (native/conv_weight_grad_f32_avx2.c, AVX2 and FMA, for the CPUs where vitscope's float32 linear
-  products run: `fused_linear.float32_available`): reads each tap's channels in place through a list of
+- float32 (native/conv_weight_grad_f32_avx2.c, AVX2 and FMA, for the CPUs where vitscope's AVX2 float32 linear
+  products run: AMD CPUs without AVX-512): reads each tap's channels in place through a list of
   the pixels inside the image, float32 sums.
 
 Measurements: docs/performance.md, "The conv stem".

@@ -48,11 +48,12 @@ def available() -> bool:
 @functools.cache
 def float32_available() -> bool:
     """True where float32 linear layers run faster through oneDNN than through torch's default (MKL's sgemm):
-    AMD CPUs with AVX2 and no AVX-512 (Zen 2 and Zen 3), where MKL takes a generic path; the weight gradient
-    gᵀ x stays out of it (oneDNN's is slower there). Other CPUs keep F.linear: on a Xeon with AMX oneDNN
-    measured no faster, and Intel's AVX2 parts and AMD's AVX-512 ones have not been measured
-    (docs/performance.md, "Linear layers in float32 on AMD CPUs without AVX-512")."""
-    return _KERNEL is not None and registry.onednn_linear() and registry.amd_without_avx512()
+    AMD CPUs (`registry.amd`). Without AVX-512 (Zen 2, Zen 3) MKL takes a generic path and the weight gradient
+    gᵀ x stays out of it (oneDNN's is slower there); with it (Zen 5 measured, Zen 4 taken to be alike) oneDNN's
+    products run at 2.3x MKL's forward and 1.2-1.7x for gᵀ x. Other CPUs keep F.linear: on a Xeon with AMX
+    oneDNN measured no faster, and Intel's AVX2 and AVX-512 parts without AMX have not been measured
+    (docs/performance.md, "Linear layers in float32 on AMD CPUs")."""
+    return _KERNEL is not None and registry.onednn_linear() and registry.amd()
 
 
 def float32_fusable(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> bool:
@@ -159,7 +160,22 @@ def weight_and_bias_grad(g: Tensor, x: Tensor, bias: bool,
         if status != 0:
             raise MemoryError("vitscope's weight-gradient kernel could not allocate its packing buffers")
         return dw, db
+    if (g.dtype == torch.float32 and float32_available() and not registry.amd_without_avx512()
+            and g.shape[0] >= FLOAT32_WEIGHT_GRAD_MIN_ROWS):
+        return _float32_weight_grad(g, x), (g.sum(0) if bias else None)
     return _onednn_weight_grad(g, x), (g.sum(0) if bias else None)
+
+
+# Below this many rows MKL's gᵀ x was the faster on a Zen 5 (0.65-0.92x at 32 rows; bench_linear_f32.py)
+FLOAT32_WEIGHT_GRAD_MIN_ROWS = 256
+
+
+def _float32_weight_grad(g: Tensor, x: Tensor) -> Tensor:
+    """gᵀ x in oneDNN's float32 product, for AMD CPUs with AVX-512 (MKL's ran at 100-107 GFLOP/s on a Zen 5,
+    oneDNN's at 120-190): like `_onednn_weight_grad`, the product with the narrower output."""
+    if g.shape[1] > x.shape[1]:
+        return _KERNEL(x.t(), g.t(), None, "none", [], "").t().contiguous()
+    return _KERNEL(g.t(), x.t(), None, "none", [], "")
 
 
 def _onednn_weight_grad(g: Tensor, x: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ times GELU's derivative) and the weight and bias gradients gᵀ x and g's column
 fused_linear's float32 path (`fused_linear.float32_fusable`: AMD CPUs with AVX2 and no AVX-512, where MKL's
 sgemm takes a generic path) calls them in place of oneDNN's and MKL's products wherever `runnable` says they
 may run. The sums are float32, in another order than MKL's or oneDNN's: results agree to float32 rounding,
-not bit for bit. Measurements: docs/performance.md, "Linear layers in float32 on AMD CPUs without AVX-512".
+not bit for bit. Measurements: docs/performance.md, "Linear layers in float32 on AMD CPUs".
 """
 
 from __future__ import annotations

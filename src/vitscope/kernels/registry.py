@@ -104,10 +104,17 @@ def onednn_linear() -> bool:
     return op is not None and torch.backends.mkldnn.is_available()
 
 
+def amd() -> bool:
+    """AMD CPUs with AVX2 and FMA (Zen 2 and later), where MKL's float32 products are slower than oneDNN's: a
+    generic path without AVX-512, and at under half oneDNN's speed with it (a Zen 5: 105 against 250 GFLOP/s;
+    docs/performance.md, "Linear layers in float32 on AMD CPUs")."""
+    return native.cpu_vendor() == "AuthenticAMD" and {"avx2", "fma"} <= native.cpu_features()
+
+
 def amd_without_avx512() -> bool:
     """AMD CPUs with AVX2 and FMA and no AVX-512 (Zen 2 and Zen 3, or a larger one capped by VITSCOPE_ISA),
     where MKL's float32 products take a generic path and oneDNN's linear, or vitscope's AVX2 kernels, are
-    faster (docs/performance.md, "Linear layers in float32 on AMD CPUs without AVX-512")."""
+    faster (docs/performance.md, "Linear layers in float32 on AMD CPUs")."""
     flags = native.cpu_features()
     return native.cpu_vendor() == "AuthenticAMD" and {"avx2", "fma"} <= flags and "avx512f" not in flags
 
