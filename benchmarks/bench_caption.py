@@ -18,7 +18,9 @@ natively, and a teacher-forced training step (AdamW) on N-token captions. Each i
 own process, the processes take turns for --rounds rounds (the order rotating), and each figure is the
 median of every timed run; vitscope runs with its kernels applied and without. Rates are printed from
 the process's CPU time (one torch thread by default, so other jobs on a shared machine's cores do not
-count) and from wall time.
+count) and from wall time. Every process, transformers' too, keeps freed memory in the process as `vitscope
+caption` and `vitscope eval` do (vitscope.kernels.allocator), so no side pays page faults for tensors it
+freed a moment before; `--default-allocator` leaves glibc's malloc as it is.
 
 `--cache` times the cache against re-running the prefix on one captioner (same captions required) and
 one batched beam search against a Python loop over the images.
@@ -174,6 +176,10 @@ def _train_step(impl: str, model, opt, images: Tensor, tokens: Tensor, bf16: boo
 def run_impl(spec: dict) -> dict:
     """One implementation's cases in this process: {case name: [seconds per timed run]}."""
     torch.set_num_threads(spec["threads"])
+    if spec.get("keep_freed_memory"):  # what `vitscope caption` and `eval` do; every implementation gets it
+        from vitscope.kernels.allocator import keep_freed_memory
+
+        keep_freed_memory()
     shape, impl = spec["shape"], spec["impl"]
     model = build_impl(impl, shape)
     g = torch.Generator().manual_seed(1)
@@ -242,13 +248,14 @@ def compare(args) -> None:
           f"{shape['enc_heads']} heads, {shape['img']} x {shape['img']} images in {shape['patch']} x {shape['patch']} "
           f"patches; decoder width {shape['dim']}, {shape['depth']} blocks, {shape['heads']} heads, MLP ratio "
           f"{shape['mlp']}, vocabulary {shape['vocab']}; batch {args.batch}; {args.rounds} rounds x {args.repeats} "
-          f"timed runs per figure\n")
+          f"timed runs per figure; glibc's malloc "
+          f"{'as it is' if args.default_allocator else 'keeping freed memory'} in every implementation's process\n")
     results: dict[str, dict] = {}
     for r in range(args.rounds):
         order = IMPLS[r % len(IMPLS):] + IMPLS[:r % len(IMPLS)]
         for impl in order:
             spec = dict(impl=impl, shape=shape, cases=cases, batch=args.batch, repeats=args.repeats,
-                        threads=args.threads)
+                        threads=args.threads, keep_freed_memory=not args.default_allocator)
             out = spawn(spec)
             kept = results.setdefault(impl, {"params": out["params"], "times": {}, "wall": {}})
             for key in ("times", "wall"):
@@ -339,6 +346,9 @@ def main(argv=None) -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--lengths", type=int, nargs="+", default=[20, 32])
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--default-allocator", action="store_true",
+                    help="against transformers: leave glibc's malloc as it is in every process (by default each one "
+                         "keeps freed memory, as `vitscope caption` and `eval` do: vitscope.kernels.allocator)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
                     help="against transformers: the dtypes to time (bfloat16 only where the CPU runs it natively)")
     ap.add_argument("--modes", nargs="+", default=["greedy", "beam", "train"], choices=["greedy", "beam", "train"],

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if (bad_cap := bad_isa_cap()):  # a mistyped cap would turn every kernel off without a word
         print(f"vitscope {args.command}: error: {bad_cap}", file=sys.stderr)
         return EXIT_USAGE
-    if args.command in ("eval", "predict", "explain"):
+    if args.command in ("eval", "predict", "explain", "caption", "translate"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
         # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train --keep-freed-memory true` asks for it
         allocator.keep_freed_memory()

@@ -12,7 +12,7 @@ computes less. `vitscope train`'s own loop faults half as often (glibc raises it
 freeing larger blocks), so there the gain is small against the memory kept, and training keeps it only
 when the run sets `keep_freed_memory`. Measurements: docs/performance.md, "Freed memory kept in the process".
 
-This is process-wide and has no undo; `vitscope eval | predict | explain` call it, and so does
+This is process-wide and has no undo; `vitscope eval | predict | explain | caption | translate` call it, and so does
 `vitscope train --keep-freed-memory true`. Other allocators (jemalloc or tcmalloc through
 LD_PRELOAD, or a non-glibc libc) are left alone. In your own scripts, call
 `vitscope.kernels.allocator.keep_freed_memory()` once at the start.

@@ -32,8 +32,10 @@ masked heads, a padding mask on the tokens) runs the plain decoder. Measurements
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention, attend
@@ -64,12 +66,13 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
             self.pos_embed) is LearnedPositionalEmbedding
         # FastMlp's bfloat16 path, fc1's GELU inside its product, where every MLP would take it
         self._fused_mlps = self._steps and all(type(b.mlp) is FastMlp and b.mlp._exact for b in blocks)
-        self._linears: list[nn.Module] = []  # the layers whose bfloat16 weights `_weights` keeps
+        self._linears: list[nn.Module] = []  # every linear layer of a step: `_products` runs them
         if self._steps:
             self._linears = [m for b in blocks for m in (b.self_attn.qkv, b.self_attn.proj, b.cross_attn.q,
-                                                         b.cross_attn.proj)] + [self.head]
-            self._linears += [m for b in blocks for m in (b.mlp.fc1, b.mlp.fc2)] if self._fused_mlps else []
+                                                         b.cross_attn.proj, b.mlp.fc1, b.mlp.fc2)] + [self.head]
             self._steps = all(type(m) in (nn.Linear, Linear) for m in self._linears)
+        # the layers `Linear` (vitscope's): then the step calls the product each one's forward would choose
+        self._kernel_linears = self._steps and all(type(m) is Linear for m in self._linears)
         self._watched = list(self.modules())  # what a hook on any of them would see skipped
         self._cast: tuple[tuple, dict[nn.Module, tuple[Tensor, Tensor | None]]] | None = None
         self._packs: list[tuple | None] = [None] * len(blocks)  # per block: its cross cache's packed keys, values
@@ -100,19 +103,28 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
             return False
         return not hooked(*self._watched)
 
-    def _weights(self, x: Tensor) -> dict[nn.Module, tuple[Tensor, Tensor | None]] | None:
-        """Each linear layer's (weight, bias) as the bfloat16 path reads them, cast once while they stay the same;
-        None where the layers do not run that path here (then each runs its own forward)."""
+    def _products(self, x: Tensor) -> tuple[Callable[..., Tensor], dict[nn.Module, tuple]] | None:
+        """How this step's linear layers run: (the function, each layer's (weight, bias) for it), chosen once from
+        the first layer as `Linear.forward` chooses for each (they all see the same dtypes and flags); None where
+        the layers are not vitscope's (then each runs its own forward). On the bfloat16 path the weights are
+        cast once and kept while they stay the same."""
         first = self._linears[0]
-        if type(first) is not Linear or not fused_linear.fusable(x, first.weight, first.bias):
+        if not self._kernel_linears:
             return None
-        params = [p for m in self._linears for p in (m.weight, m.bias) if p is not None]
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
-        if self._cast is None or self._cast[0] != key:
-            bf16 = torch.bfloat16
-            self._cast = (key, {m: (m.weight.to(bf16), None if m.bias is None else m.bias.to(bf16))
-                                for m in self._linears})
-        return self._cast[1]
+        if fused_linear.fusable(x, first.weight, first.bias):
+            params = [p for m in self._linears for p in (m.weight, m.bias) if p is not None]
+            key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+            if self._cast is None or self._cast[0] != key:
+                bf16 = torch.bfloat16
+                self._cast = (key, {m: (m.weight.to(bf16), None if m.bias is None else m.bias.to(bf16))
+                                    for m in self._linears})
+            return fused_linear.linear, self._cast[1]
+        own = {m: (m.weight, m.bias) for m in self._linears}
+        if fused_linear.float32_fusable(x, first.weight, first.bias):
+            return fused_linear.product, own  # linear_float32's product: no autograd records a step
+        if fused_linear.compiled_float32(x, first.weight, first.bias):
+            return None
+        return F.linear, own
 
     def _step(self, tokens: Tensor, context_mask: Tensor | None, caches: Caches, return_weights: bool):
         """tokens (R, 1) -> logits (R, 1, V), and with `return_weights` every block's cross-attention
@@ -121,10 +133,10 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
         b = caches[0][1].k.shape[0]
         g = r // b  # hypotheses per image
         x = self.token_embed(tokens) + self.pos_embed.weight[past:past + 1]  # (R, 1, D)
-        weights = self._weights(x)
+        products = self._products(x)
 
         def linear(x: Tensor, m: nn.Module) -> Tensor:
-            return m(x) if weights is None else fused_linear.linear(x, *weights[m])
+            return m(x) if products is None else products[0](x, *products[1][m])
 
         cross = []
         for i, (block, (self_cache, cross_cache)) in enumerate(zip(self.blocks, caches)):
@@ -150,7 +162,7 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
                 cross.append(w.transpose(1, 2))  # (B, G, H, N)
             x = x + linear(out, ca.proj).reshape(r, 1, -1)
 
-            x = x + self._mlp(block.mlp, block.norm3(x), weights)
+            x = x + self._mlp(block.mlp, block.norm3(x), products, linear)
         logits = linear(self.norm(x), self.head)  # (R, 1, V)
         if not return_weights:
             return logits
@@ -169,8 +181,12 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
             self._packs[i] = entry
         return entry[2]
 
-    def _mlp(self, mlp: Mlp, h: Tensor, weights: dict | None) -> Tensor:
-        """mlp(h), as FastMlp's bfloat16 inference path runs it (fc1's GELU inside its product) where it would."""
-        if weights is None or not self._fused_mlps:
+    def _mlp(self, mlp: Mlp, h: Tensor, products: tuple | None, linear: Callable[..., Tensor]) -> Tensor:
+        """mlp(h): on FastMlp's bfloat16 inference path with fc1's GELU inside its product, as it would run it;
+        otherwise fc2(act(fc1(h))) through `linear` (dropout is off in inference)."""
+        if products is None:
             return mlp(h)
-        return fused_linear.linear(fused_linear.linear(h, *weights[mlp.fc1], gelu=True), *weights[mlp.fc2])
+        if products[0] is fused_linear.linear and self._fused_mlps:
+            weights = products[1]
+            return fused_linear.linear(fused_linear.linear(h, *weights[mlp.fc1], gelu=True), *weights[mlp.fc2])
+        return linear(mlp.act(linear(h, mlp.fc1)), mlp.fc2)
