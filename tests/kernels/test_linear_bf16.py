@@ -55,6 +55,16 @@ def test_forward_is_the_float64_product_rounded_once(m, k, n, bias):
 
 
 @needs_kernel
+@pytest.mark.parametrize("gelu", [False, True], ids=["", "gelu"])
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_a_weight_packed_once_gives_the_same_bits(m, k, n, gelu):
+    x, w, b = _t(m, k), _t(n, k, seed=1), _t(n, seed=2, scale=3.0)
+    packed = linear_bf16.pack(w[:, :])
+    assert torch.equal(linear_bf16.forward(x, w, b, gelu=gelu, packed=packed), linear_bf16.forward(x, w, b, gelu=gelu))
+    assert torch.equal(linear_bf16.forward(x, w, b.float(), packed=packed), linear_bf16.forward(x, w, b))
+
+
+@needs_kernel
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_input_gradient_is_the_float64_product_rounded_once(m, k, n):
     # g (m, n) W with W (n, k): the reduction runs over the layer's outputs
@@ -160,9 +170,9 @@ def test_a_vit_training_step_calls_it_and_gets_onednns_gradients(monkeypatch):
     seen = []
     real = linear_bf16._call
 
-    def counting(x_, k, w, weight_rows, n, bias, mul, gelu=False, derivative=False):
+    def counting(x_, k, w, weight_rows, n, bias, mul, gelu=False, derivative=False, packed=None):
         seen.append(("forward" if weight_rows else "input grad", k, n, mul is not None, gelu, derivative))
-        return real(x_, k, w, weight_rows, n, bias, mul, gelu, derivative)
+        return real(x_, k, w, weight_rows, n, bias, mul, gelu, derivative, packed)
 
     monkeypatch.setattr(linear_bf16, "_call", counting)
     loss, grads = _train_grads(model, x, y, True, monkeypatch)

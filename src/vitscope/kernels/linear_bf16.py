@@ -38,30 +38,40 @@ def runnable(x: Tensor, w: Tensor, bias: Tensor | None = None, *, forward: bool 
     return registry.runnable("linear product", torch.bfloat16, x, w, bias)
 
 
+def pack(w: Tensor) -> Tensor:
+    """The weight w (out, in) bfloat16 as the forward reads it, (in/2 · out + 16,) int32: each pair of input
+    columns of an output row as one dword, for `forward(..., packed=)` where many calls read one weight."""
+    pairs = w.contiguous().view(torch.int32).t()  # (in/2, out): dword [p, j] = w[j, 2p] | w[j, 2p + 1] << 16
+    return torch.cat([pairs.reshape(-1), pairs.new_zeros(16)])
+
+
 def _call(x: Tensor, k: int, w: Tensor, weight_rows: bool, n: int, bias: Tensor | None, mul: Tensor | None,
-          gelu: bool = False, derivative: bool = False) -> tuple[Tensor, Tensor | None]:
+          gelu: bool = False, derivative: bool = False, packed: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     m = x.shape[0]
     y = torch.empty(m, n, dtype=torch.bfloat16)
     d = torch.empty(m, n, dtype=torch.bfloat16) if derivative else None
-    packed = torch.empty(k // 2 * n + 16, dtype=torch.int32)
-    b = None if bias is None else bias.float().contiguous()
+    given = packed is not None  # the weight packed by `pack`: the kernel reads it as it is
+    packed = packed if given else torch.empty(k // 2 * n + 16, dtype=torch.int32)
+    b = None if bias is None else bias.float().contiguous()  # no copy where it already is (a caller's kept one)
     if mul is not None:
         if mul.shape != (m, n):
             raise ValueError(f"linear_bf16: the multiplier is {tuple(mul.shape)}, the product ({m}, {n})")
         if mul.dtype != torch.bfloat16 or mul.stride(1) != 1:
             mul = mul.to(torch.bfloat16).contiguous()
     native.library().vs_linear_bf16(
-        x.data_ptr(), x.stride(0), m, k, w.data_ptr(), w.stride(0), int(weight_rows), n,
+        x.data_ptr(), x.stride(0), m, k, None if given else w.data_ptr(), w.stride(0), int(weight_rows), n,
         None if b is None else b.data_ptr(), None if mul is None else mul.data_ptr(),
         0 if mul is None else mul.stride(0), y.data_ptr(), n, int(gelu), None if d is None else d.data_ptr(),
         packed.data_ptr(), torch.get_num_threads())
     return y, d
 
 
-def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False) -> Tensor:
+def forward(x: Tensor, w: Tensor, bias: Tensor | None = None, *, gelu: bool = False,
+            packed: Tensor | None = None) -> Tensor:
     """x (M, in) Wᵀ + b with w (out, in): (M, out) bfloat16; with `gelu`, gelu of that (rounded to
-    bfloat16 first, as fused_gelu's table takes it). Call it only where `runnable(x, w, bias)`."""
-    return _call(x, x.shape[1], w, True, w.shape[0], bias, None, gelu)[0]
+    bfloat16 first, as fused_gelu's table takes it). `packed`, `pack(w)`, spares the kernel packing w again.
+    Call it only where `runnable(x, w, bias)`."""
+    return _call(x, x.shape[1], w, True, w.shape[0], bias, None, gelu, packed=packed)[0]
 
 
 def forward_gelu(x: Tensor, w: Tensor, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -133,7 +133,9 @@ static inline __attribute__((always_inline)) void rows(const uint16_t *x, int64_
    at row stride ldw, y = x w (its input gradient g W). k must be even; x's rows at stride ldx, unit
    stride within. bias: n float32 values added to every row, or NULL. mul: a bfloat16 (m, n) tensor at row
    stride ldm that multiplies the sums before rounding, or NULL. gelu 1: y gets gelu(a) for a the rounded sums
-   (gelu.c's table), and d, unless NULL, gelu'(a) ((m, n) at row stride ldy). bp: k/2 x n + 16 dwords, for packed B. */
+   (gelu.c's table), and d, unless NULL, gelu'(a) ((m, n) at row stride ldy). bp: k/2 x n + 16 dwords, for packed B;
+   with w NULL it already holds B packed (bp[p n + j] = B's (2p, j) and (2p + 1, j) as one dword), so a weight
+   that many calls read is packed once. */
 void vs_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w, int64_t ldw,
                     int weight_rows, int64_t n, const float *bias, const uint16_t *mul, int64_t ldm, uint16_t *y,
                     int64_t ldy, int gelu, uint16_t *d, uint32_t *bp, int threads)
@@ -141,7 +143,9 @@ void vs_linear_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const 
     const int64_t kp = k / 2;
 #pragma omp parallel num_threads(threads)
     {
-        if (weight_rows) {
+        if (!w) {
+            /* packed by the caller */
+        } else if (weight_rows) {
 #pragma omp for schedule(static)
             for (int64_t p = 0; p < kp; p++)
                 for (int64_t j = 0; j < n; j++)
