@@ -124,6 +124,17 @@ def test_a_changed_weight_is_cast_again(monkeypatch):
     torch.testing.assert_close(ours[0], theirs[0], atol=5e-2, rtol=5e-2)
 
 
+def test_copies_and_pickles_leave_the_kept_weights_behind():
+    import pickle
+
+    plain, fast = _pair()
+    context, tokens, _ = _inputs()
+    before = _decode(fast, context, tokens, dtype=BF)
+    for twin in (copy.deepcopy(fast), pickle.loads(pickle.dumps(fast))):
+        assert twin._cast is None and all(p is None for p in twin._packs)
+        torch.testing.assert_close(_decode(twin, context, tokens, dtype=BF), before, atol=0, rtol=0)
+
+
 @pytest.mark.skipif(not KERNEL, reason=NO_KERNEL)
 @pytest.mark.parametrize("shape", [(32, 4, 1, 196, 32), (3, 2, 5, 37, 16), (2, 3, 4, 20, 64), (2, 2, 1, 16, 128),
                                    (4, 1, 3, 1, 32)], ids=lambda s: "B{} H{} G{} N{} D{}".format(*s))

@@ -85,6 +85,12 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
         self._cast: tuple[tuple, dict[nn.Module, tuple], bool] | None = None  # (key, weights, packed)
         self._packs: list[tuple | None] = [None] * len(blocks)  # per block: its cross cache's packed keys, values
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the kept weights and packed keys behind: they are remade on the first step."""
+        state = dict(super().__getstate__())
+        state["_cast"], state["_packs"] = None, [None] * len(self._packs)
+        return state
+
     def forward(self, tokens: Tensor, context: Tensor | None, *, padding_mask: Tensor | None = None,
                 context_padding_mask: Tensor | None = None, caches: Caches | None = None,
                 return_weights: bool = False):
