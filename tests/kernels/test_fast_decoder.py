@@ -25,9 +25,9 @@ KERNEL = registry.runs("decode attention", BF) is not None
 NO_KERNEL = f"the decode-attention kernel does not run here: {registry.why_none('decode attention', BF)}"
 
 
-def _pair(context_dim: int = 24) -> tuple[TransformerDecoder, TransformerDecoder]:
+def _pair(context_dim: int = 24, mlp_ratio: float = 4.0) -> tuple[TransformerDecoder, TransformerDecoder]:
     torch.manual_seed(0)
-    plain = TransformerDecoder(30, 64, 2, 4, 12, context_dim=context_dim).eval()
+    plain = TransformerDecoder(30, 64, 2, 4, 12, context_dim=context_dim, mlp_ratio=mlp_ratio).eval()
     return plain, kernels.apply(copy.deepcopy(plain))
 
 
@@ -57,11 +57,12 @@ def _inputs(images: int = 3, groups: int = 1, n: int = 37, padded: bool = False)
     return context, tokens, padding
 
 
+@pytest.mark.parametrize("mlp_ratio", [4.0, 97 / 64], ids=["", "odd MLP width"])  # fc2's 97 inputs: not the kernel's
 @pytest.mark.parametrize("padded", [False, True], ids=["", "padded memory"])
 @pytest.mark.parametrize("groups", [1, 3], ids=["one row per image", "3 beams per image"])
 @pytest.mark.parametrize("dtype", [torch.float32, BF], ids=["float32", "bfloat16"])
-def test_decoding_steps_give_the_plain_decoders_numbers(dtype, groups, padded, monkeypatch):
-    plain, fast = _pair()
+def test_decoding_steps_give_the_plain_decoders_numbers(dtype, groups, padded, mlp_ratio, monkeypatch):
+    plain, fast = _pair(mlp_ratio=mlp_ratio)
     context, tokens, padding = _inputs(groups=groups, padded=padded)
     ours = _decode(fast, context, tokens, padding=padding, groups=groups, dtype=dtype)
     with monkeypatch.context() as m:  # the same model, every step through the plain decoder's modules
@@ -74,6 +75,9 @@ def test_decoding_steps_give_the_plain_decoders_numbers(dtype, groups, padded, m
     if not (dtype == BF and KERNEL):  # the same ops on the same tensors: the same bits
         torch.testing.assert_close(ours, stepwise, atol=0, rtol=0)
         return
+    if registry.runs("linear product", BF) is not None:  # each layer packed for the product kernel where it takes it
+        packed = {m: entry[2] is not None for m, entry in fast._cast[1].items()}
+        assert packed[fast.blocks[0].self_attn.qkv] and packed[fast.blocks[0].mlp.fc2] == (mlp_ratio == 4.0)
     # the kernel keeps the scores in float32 where attend rounds them to bfloat16: weights within that rounding
     torch.testing.assert_close(ours[1], stepwise[1], atol=4e-3, rtol=2e-2)
     torch.testing.assert_close(ours[0], stepwise[0], atol=3e-2, rtol=5e-2)

@@ -49,10 +49,13 @@ from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.vit import Mlp
 
 
-def _packed_linear(x: Tensor, w: Tensor, b: Tensor | None, packed: Tensor, b32: Tensor | None, *,
-                   gelu: bool = False) -> Tensor:
-    """`fused_linear.linear(x, w, b, gelu=gelu)` where vitscope's product kernel takes it, with the weight packed
-    and the bias widened beforehand: x (..., in) -> (..., out) bfloat16."""
+def _bfloat16_linear(x: Tensor, w: Tensor, b: Tensor | None, packed: Tensor | None, b32: Tensor | None, *,
+                     gelu: bool = False) -> Tensor:
+    """`fused_linear.linear(x, w, b, gelu=gelu)` for bfloat16 w and b: where vitscope's product kernel takes the
+    layer (`packed`, its weight packed by `linear_bf16.pack`, and `b32`, the bias widened, both made once), that
+    kernel without packing the weight again; else `fused_linear.linear` itself. x (..., in) -> (..., out)."""
+    if packed is None:
+        return fused_linear.linear(x, w, b, gelu=gelu)
     rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
     return linear_bf16.forward(rows, w, b32, gelu=gelu, packed=packed).view(*x.shape[:-1], w.shape[0])
 
@@ -82,7 +85,7 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
         # the layers `Linear` (vitscope's): then the step calls the product each one's forward would choose
         self._kernel_linears = self._steps and all(type(m) is Linear for m in self._linears)
         self._watched = list(self.modules())  # what a hook on any of them would see skipped
-        self._cast: tuple[tuple, dict[nn.Module, tuple], bool] | None = None  # (key, weights, packed)
+        self._cast: tuple[tuple, dict[nn.Module, tuple]] | None = None  # (the weights' versions, their casts)
         self._packs: list[tuple | None] = [None] * len(blocks)  # per block: its cross cache's packed keys, values
 
     def __getstate__(self) -> dict:
@@ -135,20 +138,21 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
         return F.linear, own
 
     def _bfloat16_products(self, x: Tensor) -> tuple[Callable[..., Tensor], dict[nn.Module, tuple]]:
-        """The bfloat16 path's: each layer's weight and bias cast once, kept while they stay the same; where
-        vitscope's product kernel runs (linear_bf16.py), its weights packed once too and the kernel called with
-        them, as `fused_linear.linear` would call it but for the packing."""
+        """The bfloat16 path's: each layer's weight and bias cast once, kept while they stay the same, and where
+        vitscope's product kernel takes the layer (linear_bf16.py) its weight packed once too."""
         params = [p for m in self._linears for p in (m.weight, m.bias) if p is not None]
         key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
         if self._cast is None or self._cast[0] != key:
-            bf16 = torch.bfloat16
-            cast = {m: (m.weight.to(bf16), None if m.bias is None else m.bias.to(bf16)) for m in self._linears}
-            w, b = cast[self._linears[0]]
-            packed = linear_bf16.runnable(x.reshape(-1, x.shape[-1]).to(bf16), w, b)
-            if packed:
-                cast = {m: (w, b, linear_bf16.pack(w), None if b is None else b.float()) for m, (w, b) in cast.items()}
-            self._cast = (key, cast, packed)
-        return (_packed_linear if self._cast[2] else fused_linear.linear), self._cast[1]
+            weights = {}
+            for m in self._linears:
+                w = m.weight.to(torch.bfloat16)
+                b = None if m.bias is None else m.bias.to(torch.bfloat16)
+                probe = torch.empty(1, w.shape[1], dtype=torch.bfloat16)  # a row as the layer's input
+                kernel = linear_bf16.runnable(probe, w, b)
+                weights[m] = (w, b, linear_bf16.pack(w) if kernel else None, b.float() if kernel and b is not None
+                              else None)
+            self._cast = (key, weights)
+        return _bfloat16_linear, self._cast[1]
 
     def _step(self, tokens: Tensor, context_mask: Tensor | None, caches: Caches, return_weights: bool):
         """tokens (R, 1) -> logits (R, 1, V), and with `return_weights` every block's cross-attention
@@ -210,7 +214,7 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
         otherwise fc2(act(fc1(h))) through `linear` (dropout is off in inference)."""
         if products is None:
             return mlp(h)
-        if products[0] in (fused_linear.linear, _packed_linear) and self._fused_mlps:
+        if products[0] is _bfloat16_linear and self._fused_mlps:
             fn, weights = products
             return fn(fn(h, *weights[mlp.fc1], gelu=True), *weights[mlp.fc2])
         return linear(mlp.act(linear(h, mlp.fc1)), mlp.fc2)
