@@ -158,8 +158,7 @@ def run_train(args) -> int:
     print(f"run directory: {run_dir}", flush=True)
     result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,
                    progress=not args.no_progress, config_changes=args.config_changes)
-    if result.stopped == "signal":
-        print(f"stopped by a signal; checkpoint saved. Continue with: vitscope train --resume {run_dir}")
+    if result.stopped == "signal":  # the loop said so, and how to continue, in its one line
         return 130
     print(f"{cfg.eval_split} {result.describe()}, training {result.train_time_s / 60:.1f} min, "
           f"{result.images_per_s:.0f} images/s")

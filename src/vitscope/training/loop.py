@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -357,9 +358,10 @@ class _Training:
         """A signal: save the checkpoint and leave, the final evaluation skipped."""
         self.save_last()
         self.bar.close()
-        if self.info.is_main:
+        if self.info.is_main:  # one line on stderr, as every other way a run ends early says itself
             print(f"{self.stopper.signal}: stopped at step {self.at.step}, its checkpoint saved; the final "
-                  f"evaluation skipped", flush=True)
+                  f"evaluation skipped. Continue with: vitscope train --resume {self.run_dir}", file=sys.stderr,
+                  flush=True)
         return "signal"
 
     def finish(self, stopped: str) -> TrainResult:
