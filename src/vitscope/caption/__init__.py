@@ -1,6 +1,6 @@
 """Image captioning, the attention lecture end to end: data, two captioners, decoding, metrics, pictures.
 
-    vocab.py             word-level tokenisation and the Vocabulary (<pad> <bos> <eos> <unk>)
+    vocab.py             word-level tokenisation and the Vocabulary (`<pad>` `<bos>` `<eos>` `<unk>`)
     dataset.py           CaptionDataset: uint8 images and their reference captions
     readers.py           COCO captions, Karpathy split files, Flickr8k tokens
     scenes.py            Fashion-MNIST scenes: captioned canvases of items on a grid, every cell recorded

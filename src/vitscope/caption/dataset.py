@@ -66,13 +66,13 @@ class CaptionDataset:
 
     def build_vocab(self, *, min_count: int = 1, max_words: int = MAX_WORDS) -> Vocabulary:
         """The vocabulary of these captions; call it on the TRAINING split only. Refuses one with no
-        word or past `max_words`, and warns when most words become <unk> (`Vocabulary.build`)."""
+        word or past `max_words`, and warns when most words become `<unk>` (`Vocabulary.build`)."""
         return Vocabulary.build((c for caps in self.captions for c in caps), min_count=min_count,
                                 max_words=max_words)
 
     def pairs(self, vocab: Vocabulary, *, max_len: int | None = None) -> tuple[Tensor, Tensor]:
-        """(image_index (P,) int64, tokens (P, T) int64): one row per reference caption, <bos> ...
-        <eos> then <pad>, cut to `max_len` positions."""
+        """(image_index (P,) int64, tokens (P, T) int64): one row per reference caption, `<bos>` ...
+        `<eos>` then `<pad>`, cut to `max_len` positions."""
         index = torch.tensor([i for i, caps in enumerate(self.captions) for _ in caps], dtype=torch.long)
         tokens = vocab.encode_batch([c for caps in self.captions for c in caps], max_len=max_len)
         return index, tokens

@@ -10,16 +10,16 @@ A captioner decodes as a `StepModel`:
 
 The transformer's attention per step is its cross-attention (L, H, N); the LSTM's its alignment (N).
 
-Scores are sums of log-probabilities (log_softmax in float32), never raw logits. <pad> and <bos> are
-never generated. In greedy decoding a caption that has ended only emits <pad> at no cost, so it keeps
+Scores are sums of log-probabilities (log_softmax in float32), never raw logits. `<pad>` and `<bos>` are
+never generated. In greedy decoding a caption that has ended only emits `<pad>` at no cost, so it keeps
 its score and length; beam search moves it to its image's pool (below). The length penalty ranks by
-log_prob / length ** length_penalty, with length the real tokens after <bos> (the words and the <eos>,
-if any; never pads); 0 ranks by the summed log-probability. A hypothesis that never emits <eos> ends
-at `max_len` tokens (<bos> included).
+log_prob / length ** length_penalty, with length the real tokens after `<bos>` (the words and the `<eos>`,
+if any; never pads); 0 ranks by the summed log-probability. A hypothesis that never emits `<eos>` ends
+at `max_len` tokens (`<bos>` included).
 
 Beam search is the standard one (fairseq's search, transformers' BeamSearchScorer), for all images at
 once: B images x K beams are B·K rows of one batch. Each step takes each image's 2K best continuations
-(one `topk` over its K·V candidates). A continuation ending in <eos> among the K best goes to the image's
+(one `topk` over its K·V candidates). A continuation ending in `<eos>` among the K best goes to the image's
 pool of finished hypotheses, scored with the length penalty as it finishes; the pool keeps its K best.
 The K best that do not end stay live. An image is done when its pool holds K hypotheses and no live beam
 can still beat the pool's worst: log-probabilities only fall, so a live beam's best possible score is
@@ -67,10 +67,10 @@ class StepModel(Protocol):
 class Decoded:
     """Decoding's result, one caption per image.
 
-    tokens (B, L): <bos> w1 ... <eos> then <pad>. attention (B, L-1, *A): row t is the attention of
+    tokens (B, L): `<bos>` w1 ... `<eos>` then `<pad>`. attention (B, L-1, *A): row t is the attention of
     the step that chose tokens[:, t+1] (zeros after the caption ends). log_prob (B,) the summed
     log-probabilities of the chosen tokens, score (B,) log_prob / length ** length_penalty, lengths
-    (B,) the real tokens after <bos>. Beam search also gives every hypothesis of each image's pool,
+    (B,) the real tokens after `<bos>`. Beam search also gives every hypothesis of each image's pool,
     best first: beam_tokens (B, K, L'), beam_scores (B, K) (-inf where fewer than K were found) and
     beam_attention (B, K, L'-1, *A).
     """
@@ -118,8 +118,8 @@ def _banned_ngrams(tokens: Tensor, n: int, vocab_size: int) -> Tensor | None:
 
 
 def _next_log_probs(logits: Tensor, tokens: Tensor, done: Tensor | None, no_repeat_ngram_size: int) -> Tensor:
-    """log_softmax of the logits (R, V), with <pad>/<bos> and repeated n-grams at -inf; a finished
-    row (`done`) may only emit <pad>, at log-probability 0."""
+    """log_softmax of the logits (R, V), with `<pad>`/`<bos>` and repeated n-grams at -inf; a finished
+    row (`done`) may only emit `<pad>`, at log-probability 0."""
     logp = F.log_softmax(logits.float(), dim=-1)
     logp[:, PAD] = float("-inf")
     logp[:, BOS] = float("-inf")
@@ -226,7 +226,7 @@ def _trace(attention: list[Tensor], parents: list[Tensor], end_step: Tensor, end
 
 
 def _best_possible(log_prob: Tensor, length: int, max_len: int, length_penalty: float) -> Tensor:
-    """The highest score a live beam (log_prob so far, `length` tokens after <bos>) can still finish with."""
+    """The highest score a live beam (log_prob so far, `length` tokens after `<bos>`) can still finish with."""
     longest = max_len - 1
     return log_prob / float(longest if length_penalty > 0 else min(length + 1, longest)) ** length_penalty
 

@@ -2,7 +2,7 @@
 the grounded measures that Fashion-MNIST scenes make possible.
 
 Every metric takes, per image, one hypothesis and all of that image's references, as word lists.
-`caption_words` turns token ids into such a list: cut at the first <eos>, <bos>/<pad> left out.
+`caption_words` turns token ids into such a list: cut at the first `<eos>`, `<bos>`/`<pad>` left out.
 `score_captions` also drops punctuation tokens first, as the COCO evaluation's tokenizer does.
 
 BLEU (Papineni et al. 2002) as pycocoevalcap's `Bleu(4)` scores a corpus: clipped n-gram counts
@@ -38,7 +38,7 @@ NGram = tuple[str, ...]
 
 
 def caption_words(ids: Sequence[int] | Tensor, vocab: Vocabulary) -> list[str]:
-    """Token ids -> words: cut at the first <eos>; <bos> and <pad> left out."""
+    """Token ids -> words: cut at the first `<eos>`; `<bos>` and `<pad>` left out."""
     return vocab.decode_words(ids)
 
 

@@ -68,7 +68,7 @@ def plot_caption_attention(image: Tensor, words: Sequence[str], attention: Tenso
                            num_prefix_tokens: int = 0, layer: int | str = "mean", head: int | str = "mean",
                            references: Sequence[str] = (), columns: int = 6, title: str | None = None,
                            path: str | Path | None = None) -> Figure:
-    """One panel per word (and <eos>, when the caption has one) with its attention over the image.
+    """One panel per word (and `<eos>`, when the caption has one) with its attention over the image.
 
     image (C, H, W) as the dataset holds it (uint8) or as the model saw it; words the caption;
     attention its per-step attention, (T, N) or (T, L, H, N), row t for the step that chose word t.

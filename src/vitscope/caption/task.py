@@ -163,6 +163,6 @@ def check_vocab(model: Captioner, vocab: Vocabulary) -> None:
 
 # -- batches -------------------------------------------------------------------------------------------
 def trim_padding(tokens: Tensor) -> Tensor:
-    """Drop the columns that are <pad> in every row: a batch is as long as its longest caption."""
+    """Drop the columns that are `<pad>` in every row: a batch is as long as its longest caption."""
     real = (tokens != PAD).any(0).nonzero()
     return tokens[:, : int(real.max()) + 1] if real.numel() else tokens[:, :2]

@@ -9,7 +9,7 @@ load as they do for classification; its classifier head is dropped (num_classes=
 (class token included, when the preset has one) is the decoder's memory.
 
 Training is teacher forcing: the decoder reads the reference shifted right and predicts it shifted
-left; targets that are <pad> are left out of the loss (ignore_index). No padding mask is needed on
+left; targets that are `<pad>` are left out of the loss (ignore_index). No padding mask is needed on
 the decoder's self-attention: captions are padded on the right, so causality already keeps every
 real token from seeing the pads after it, and the fused causal kernel stays usable.
 
@@ -48,7 +48,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 @torch.no_grad()
 def token_counts(logits: Tensor, tokens: Tensor) -> dict[str, Tensor]:
     """Teacher-forced logits (B, T-1, V) against tokens (B, T): {'correct': the real targets the argmax
-    gets right, 'targets': the real (not <pad>) targets}, as 0-d int64 tensors."""
+    gets right, 'targets': the real (not `<pad>`) targets}, as 0-d int64 tensors."""
     targets = tokens[:, 1:]
     real = targets != PAD
     return {"correct": ((logits.argmax(-1) == targets) & real).sum(), "targets": real.sum()}
@@ -118,7 +118,7 @@ class TransformerCaptioner(nn.Module):
         return memory if self.memory_pos is None else self.memory_pos(memory)
 
     def forward(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
-        """Teacher forcing: images (B, C, H, W), tokens (B, T) <bos> ... <eos> <pad>... ->
+        """Teacher forcing: images (B, C, H, W), tokens (B, T) `<bos>` ... `<eos>` `<pad>`... ->
         logits (B, T-1, V), row t predicting tokens[:, t+1]."""
         return self.teacher_forced(self.encode(images), tokens, memory_padding=memory_padding)
 

@@ -67,11 +67,11 @@ class Vocabulary:
     def build(cls, captions: Iterable[str | Sequence[str]], *, min_count: int = 1,
               max_words: int = MAX_WORDS) -> Vocabulary:
         """From the TRAINING captions only (raw strings or token lists). Words seen fewer than
-        `min_count` times become <unk>. Order: count, most frequent first, then alphabetical, so
+        `min_count` times become `<unk>`. Order: count, most frequent first, then alphabetical, so
         the same captions give the same ids on every machine.
 
         Refused (ConfigError, one line saying what to set): a vocabulary with no word, only
-        punctuation, and one past `max_words`. Warned: when most training tokens become <unk>."""
+        punctuation, and one past `max_words`. Warned: when most training tokens become `<unk>`."""
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise ConfigError(f"vocab_min_count (--vocab-min-count) must be a whole number of at least 1, "
                               f"got {min_count!r}")
@@ -98,14 +98,14 @@ class Vocabulary:
 
     # -- ids ---------------------------------------------------------------------------------------
     def encode(self, caption: str | Sequence[str], *, bos: bool = True, eos: bool = True) -> list[int]:
-        """'a bag' -> [<bos>, id('a'), id('bag'), <eos>]; unknown words map to <unk>."""
+        """'a bag' -> [`<bos>`, id('a'), id('bag'), `<eos>`]; unknown words map to `<unk>`."""
         words = tokenize(caption) if isinstance(caption, str) else caption
         ids = [self.index.get(w, UNK) for w in words]
         return [BOS] * bos + ids + [EOS] * eos
 
     def encode_batch(self, captions: Sequence[str | Sequence[str]], *, max_len: int | None = None) -> Tensor:
-        """(B, T) int64 with <bos> ... <eos> and <pad> after it. `max_len` cuts longer captions
-        (keeping <eos> last) so a batch fits the decoder's positions."""
+        """(B, T) int64 with `<bos>` ... `<eos>` and `<pad>` after it. `max_len` cuts longer captions
+        (keeping `<eos>` last) so a batch fits the decoder's positions."""
         if max_len is not None and max_len < 2:
             raise ConfigError(f"max_len must leave room for <bos> and <eos>, got {max_len}")
         rows = [self.encode(c) for c in captions]
@@ -117,7 +117,7 @@ class Vocabulary:
         return out
 
     def decode_words(self, ids: Sequence[int] | Tensor) -> list[str]:
-        """Ids -> words, cut at the first <eos>, with <bos> and <pad> left out."""
+        """Ids -> words, cut at the first `<eos>`, with `<bos>` and `<pad>` left out."""
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         words = []
         for i in ids:

@@ -6,7 +6,7 @@
     model = build_translator("rnn", data, {"hidden_dim": 128})
 
 Both vocabularies are built from the training sentences only (vitscope.caption.vocab.Vocabulary, with its
-<pad> <bos> <eos> <unk> ids, so captioning's decoding reads the translators' output as it reads captions').
+`<pad>` `<bos>` `<eos>` `<unk>` ids, so captioning's decoding reads the translators' output as it reads captions').
 """
 
 from __future__ import annotations

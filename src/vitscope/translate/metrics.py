@@ -5,7 +5,7 @@ Hypotheses and references are word lists. Token accuracy compares position by po
 reference words whose position in the hypothesis holds the same word (a word left out shifts the rest, and
 they count as wrong, as they are). Alignment accuracy takes attention (S, T, N) or per layer and head
 (S, T, L, H, N), row t for the step that wrote target word t, and the gold source position of every target
-word (S, T), -1 where there is none (<eos>, pads); a transformer's is reported per layer and head.
+word (S, T), -1 where there is none (`<eos>`, pads); a transformer's is reported per layer and head.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ class RNNTranslator(nn.Module):
         return param_groups(self, weight_decay)
 
     def encode(self, src: Tensor) -> Tensor:
-        """src (B, N) word ids, <pad> on the right -> memory (B, N, 2H), zeros at pads."""
+        """src (B, N) word ids, `<pad>` on the right -> memory (B, N, 2H), zeros at pads."""
         lengths = (src != PAD).sum(1).clamp_min(1)
         packed = pack_padded_sequence(self.drop(self.src_embed(src)), lengths.cpu(), batch_first=True,
                                       enforce_sorted=False)
@@ -168,7 +168,7 @@ class RNNTranslator(nn.Module):
 
     # -- training ----------------------------------------------------------------------------------------------
     def forward(self, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher forcing: src (B, N), tgt (B, T) <bos> ... <eos> <pad> -> logits (B, T-1, V) and the
+        """Teacher forcing: src (B, N), tgt (B, T) `<bos>` ... `<eos>` `<pad>` -> logits (B, T-1, V) and the
         alignments (B, T-1, N), row t for the step that predicts tgt[:, t+1]."""
         memory = self.encode(src)
         state = self.start(memory, src == PAD)

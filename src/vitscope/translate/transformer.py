@@ -98,7 +98,7 @@ class TransformerTranslator(nn.Module):
         return param_groups(self, weight_decay)
 
     def encode(self, src: Tensor) -> Tensor:
-        """src (B, N) word ids, <pad> on the right -> memory (B, N, D)."""
+        """src (B, N) word ids, `<pad>` on the right -> memory (B, N, D)."""
         mask = key_padding_mask(padded=src == PAD)  # (B, 1, 1, N)
         x = self.drop(self.src_pos(self.src_embed(src)))
         for block in self.blocks:
