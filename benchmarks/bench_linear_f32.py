@@ -5,17 +5,15 @@ path), the three products of a layer, at the shapes of caption_quick's encoder (
     .venv/bin/python benchmarks/bench_linear_f32.py
     .venv/bin/python benchmarks/bench_linear_f32.py --rounds 5
 
-Each figure is the best of --rounds medians of wall time per call, one torch thread by default, printed as
-GFLOP/s; the ratio is oneDNN's speed over MKL's. What `fused_linear.float32_available()` decides from it:
-docs/performance.md, "Linear layers in float32 on AMD CPUs".
+Each figure is the best of --rounds medians of process CPU time per call (--calls a round; bench_decode_attention's
+timing), one torch thread by default, printed as GFLOP/s; the ratio is oneDNN's speed over MKL's. What
+`fused_linear.float32_available()` decides from it: docs/performance.md, "Linear layers in float32 on AMD CPUs".
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import machine_header  # noqa: E402
+from bench_decode_attention import per_call_us  # noqa: E402
 from vitscope.kernels import fused_linear  # noqa: E402
 
 # (what, M, in, out)
@@ -30,27 +29,6 @@ SHAPES = [("caption encoder qkv", 6272, 128, 384), ("caption encoder proj", 6272
           ("caption encoder fc1", 6272, 128, 256), ("caption encoder fc2", 6272, 256, 128),
           ("decoder step qkv", 32, 128, 384), ("decoder step fc2", 32, 256, 128),
           ("plain ViT qkv", 12800, 256, 768), ("plain ViT fc2", 12800, 512, 256)]
-
-
-def best_median_us(fn, rounds: int) -> float:
-    fn()
-    calls = 5
-    while True:  # enough calls for about 50 ms a round
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if time.perf_counter() - t > 0.05 or calls > 5000:
-            break
-        calls *= 4
-    medians = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(calls):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        medians.append(statistics.median(times))
-    return 1e6 * min(medians)
 
 
 def products(kernel, x, w, b, dy) -> list[tuple]:
@@ -63,6 +41,7 @@ def products(kernel, x, w, b, dy) -> list[tuple]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=20, help="timed calls per round")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -83,7 +62,7 @@ def main(argv=None) -> None:
         cells = []
         with torch.inference_mode():
             for mkl, onednn in pairs:
-                a, o = best_median_us(mkl, args.rounds), best_median_us(onednn, args.rounds)
+                a, o = per_call_us(mkl, args.calls, args.rounds), per_call_us(onednn, args.calls, args.rounds)
                 cells += [f"{flop / a:.0f}", f"{flop / o:.0f}", f"{a / o:.2f}x"]
         print(f"| {what} | {m} x {inp} -> {out} | " + " | ".join(cells) + " |", flush=True)
 

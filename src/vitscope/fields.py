@@ -1,6 +1,7 @@
 """Typed dataclass configs checked against their own type hints, so a value of the wrong kind (`--set
 depth=abc`, `"epochs": "two"` in a JSON config) is one clear error naming the field, not a failure deep
-inside the model or the loop. `ViTConfig` and `TrainConfig` both check themselves with it."""
+inside the model or the loop. `ViTConfig` and `TrainConfig` both check themselves with it; the decoders'
+configs check the sizes they share with `check_decoder_sizes`."""
 
 from __future__ import annotations
 
@@ -59,3 +60,15 @@ def check_types(cfg) -> None:
         value = getattr(cfg, name)
         if not type_ok(value, hints[name]):
             raise ConfigError(f"{name} must be {type_name(hints[name])}, got {value!r}")
+
+
+def check_decoder_sizes(cfg, sizes: tuple[str, ...]) -> None:
+    """What every decoder's config asks of the fields they share: each of `sizes` at least 1, `max_len` room for
+    `<bos>` and one word, `drop` in [0, 1); else a ConfigError naming the field."""
+    for name in sizes:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_len < 2:
+        raise ConfigError(f"max_len must leave room for <bos> and one word, got {cfg.max_len}")
+    if not 0 <= cfg.drop < 1:
+        raise ConfigError(f"drop must be in [0, 1), got {cfg.drop}")

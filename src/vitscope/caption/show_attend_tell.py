@@ -46,6 +46,7 @@ from vitscope.caption.encoder import (
 from vitscope.caption.transformer import param_groups, token_counts
 from vitscope.caption.vocab import PAD
 from vitscope.errors import ConfigError
+from vitscope.fields import check_decoder_sizes
 
 
 @dataclass
@@ -65,13 +66,7 @@ class ShowAttendTellConfig:
 
     def __post_init__(self):
         check_memory_source(self.memory)
-        for name in ("embed_dim", "hidden_dim", "attn_dim", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_len < 2:
-            raise ConfigError(f"max_len must leave room for <bos> and one word, got {self.max_len}")
-        if not 0 <= self.drop < 1:
-            raise ConfigError(f"drop must be in [0, 1), got {self.drop}")
+        check_decoder_sizes(self, ("embed_dim", "hidden_dim", "attn_dim", "vocab_size"))
         if not self.attention_reg >= 0:
             raise ConfigError(f"attention_reg must be 0 or more, got {self.attention_reg}")
 

@@ -115,8 +115,7 @@ def amd_without_avx512() -> bool:
     """AMD CPUs with AVX2 and FMA and no AVX-512 (Zen 2 and Zen 3, or a larger one capped by VITSCOPE_ISA),
     where MKL's float32 products take a generic path and oneDNN's linear, or vitscope's AVX2 kernels, are
     faster (docs/performance.md, "Linear layers in float32 on AMD CPUs")."""
-    flags = native.cpu_features()
-    return native.cpu_vendor() == "AuthenticAMD" and {"avx2", "fma"} <= flags and "avx512f" not in flags
+    return amd() and "avx512f" not in native.cpu_features()
 
 
 def _yields(rule: str | None) -> str | None:

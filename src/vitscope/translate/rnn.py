@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from vitscope.attention import AdditiveAttention
 from vitscope.caption.transformer import param_groups
 from vitscope.caption.vocab import BOS, PAD
-from vitscope.errors import ConfigError
+from vitscope.fields import check_decoder_sizes
 
 
 @dataclass
@@ -47,13 +47,8 @@ class RNNTranslatorConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self):
-        for name in ("src_vocab_size", "tgt_vocab_size", "embed_dim", "hidden_dim", "attn_dim", "max_src_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.max_len < 2:
-            raise ConfigError(f"max_len must leave room for <bos> and one word, got {self.max_len}")
-        if not 0 <= self.drop < 1:
-            raise ConfigError(f"drop must be in [0, 1), got {self.drop}")
+        check_decoder_sizes(self, ("src_vocab_size", "tgt_vocab_size", "embed_dim", "hidden_dim", "attn_dim",
+                                   "max_src_len"))
 
     def to_dict(self) -> dict:
         return asdict(self)

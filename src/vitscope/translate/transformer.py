@@ -21,6 +21,7 @@ from vitscope.caption.transformer import TransformerCaptioner, param_groups
 from vitscope.caption.vocab import PAD
 from vitscope.decoder import TransformerDecoder
 from vitscope.errors import ConfigError
+from vitscope.fields import check_decoder_sizes
 from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.translate.rnn import teacher_forced_losses
 from vitscope.vit import Mlp
@@ -40,13 +41,9 @@ class TransformerTranslatorConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self):
-        for name in ("src_vocab_size", "tgt_vocab_size", "dim", "depth", "num_heads", "max_src_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_decoder_sizes(self, ("src_vocab_size", "tgt_vocab_size", "dim", "depth", "num_heads", "max_src_len"))
         if self.dim % self.num_heads:
             raise ConfigError(f"dim ({self.dim}) must divide into num_heads ({self.num_heads}) equal heads")
-        if self.max_len < 2:
-            raise ConfigError(f"max_len must leave room for <bos> and one word, got {self.max_len}")
 
     def to_dict(self) -> dict:
         return asdict(self)
