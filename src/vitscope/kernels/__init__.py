@@ -1,7 +1,8 @@
 """Everything that makes CPUs fast, apart from the model: vitscope's C kernels (native/: sources, CPU
 features, build and loader), the autograd functions that call them (fused_*.py, linear_*.py,
-short_attention.py), the fast modules that stand in for the model's own (modules.py), and one registry
-(registry.py).
+short_attention.py, decode_attention.py), the fast modules that stand in for the model's own (modules.py, and
+the decoder's one-token step in fast_decoder.py; which stands in for which: swapping.py; what they check before
+taking a fast path: guards.py), and one registry (registry.py).
 
     model = vitscope.kernels.apply(create_model("vit_fmnist_quick"))   # or create_model(..., kernels=True)
     with vitscope.kernels.disabled():                                  # PyTorch's ops alone, for a baseline
