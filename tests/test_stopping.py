@@ -107,8 +107,8 @@ def test_sigterm_saves_skips_the_evaluation_and_the_checkpoint_resumes(tmp_path,
     assert code == 0 and out[-1] == "stopped: signal", out
     (said,) = [line for line in out if line.startswith("SIGTERM")]
     step = json.loads((run / "checkpoint.json").read_text())["step"]
-    assert said == (f"SIGTERM: stopped at step {step}, its checkpoint saved; the final evaluation skipped. "
-                    f"Continue with: vitscope train --resume {run}")
+    assert said == (f"SIGTERM: stopped by the signal at step {step}, its checkpoint saved; the final evaluation "
+                    f"skipped. Continue with: vitscope train --resume {run}")
     assert 3 <= step < 12 if when == "training" else step == 12
     assert not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text()  # none finished
 

@@ -359,9 +359,9 @@ class _Training:
         self.save_last()
         self.bar.close()
         if self.info.is_main:  # one line on stderr, as every other way a run ends early says itself
-            print(f"{self.stopper.signal}: stopped at step {self.at.step}, its checkpoint saved; the final "
-                  f"evaluation skipped. Continue with: vitscope train --resume {self.run_dir}", file=sys.stderr,
-                  flush=True)
+            print(f"{self.stopper.signal}: stopped by the signal at step {self.at.step}, its checkpoint saved; the "
+                  f"final evaluation skipped. Continue with: vitscope train --resume {self.run_dir}",
+                  file=sys.stderr, flush=True)
         return "signal"
 
     def finish(self, stopped: str) -> TrainResult:
