@@ -81,6 +81,26 @@ def test_a_run_that_is_not_a_translator_is_refused(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "is not a translation run" in err
 
 
+def test_a_translator_with_nan_weights_is_refused(run, tmp_path, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vitscope.weights.checkpoints import read_metadata
+
+    broken = tmp_path / "run"
+    shutil.copytree(run, broken)
+    for ckpt in broken.glob("*.safetensors"):  # whichever the run's checkpoint is
+        state, meta = load_file(str(ckpt)), read_metadata(ckpt)
+        name = next(n for n, t in state.items() if t.is_floating_point())
+        state[name].view(-1)[0] = float("nan")
+        ckpt.unlink()  # a hard link to the committed weights: not written through
+        save_file(state, str(ckpt), metadata=meta)
+    assert main(["translate", str(broken), "the dog sees a cat"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds NaN or infinite weights" in err
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--decoder-set", "depth=2"], "not a field of the rnn translator"),
     (["--max-words", "2"], "max_words must be from 3"),

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.task import (
     VOCAB_KEY,
@@ -30,7 +28,7 @@ from vitscope.caption.task import (
 )
 from vitscope.caption.vocab import Vocabulary
 from vitscope.errors import ConfigError, InputError
-from vitscope.weights.files import CAPTIONER_KEY
+from vitscope.weights.files import CAPTIONER_KEY, check_finite, load_checked
 
 
 @dataclass
@@ -66,7 +64,7 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     against the output layer); with `kernels`, vitscope's CPU kernels swapped in."""
     from safetensors.torch import load_file
 
-    from vitscope.weights.checkpoints import check_state_dict, find_checkpoint, read_metadata
+    from vitscope.weights.checkpoints import find_checkpoint, read_metadata
 
     ckpt = find_checkpoint(source)
     meta = read_metadata(ckpt)
@@ -75,12 +73,8 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
                          f"train one with vitscope train --task caption")
     model = captioner_from_dict(json.loads(meta[CAPTIONER_KEY]))
     state = load_file(str(ckpt))
-    check_state_dict(model, state, source=str(ckpt))
-    model.load_state_dict(state)
-    bad = [n for n, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if bad:
-        raise InputError(f"{ckpt} holds NaN or infinite weights (e.g. {bad[0]}): the training that wrote it "
-                         f"diverged; use an earlier checkpoint (a run's best.safetensors)")
+    load_checked(model, state, str(ckpt))
+    check_finite(state, str(ckpt))
     if vocab_file is not None:
         try:
             vocab = load_vocab(vocab_file)

@@ -27,7 +27,7 @@ from vitscope.translate.data import (
     translator_from_dict,
     translator_to_dict,
 )
-from vitscope.weights.files import TRANSLATOR_KEY
+from vitscope.weights.files import TRANSLATOR_KEY, check_finite, load_checked
 
 SOURCE_VOCAB_KEY = "vitscope.translate.source_vocab"
 TARGET_VOCAB_KEY = "vitscope.translate.target_vocab"
@@ -84,7 +84,7 @@ def open_translator(source: str | Path) -> TranslatorRun:
     """The translator `source` (a run directory or its .safetensors file) holds, in eval mode."""
     from safetensors.torch import load_file
 
-    from vitscope.weights.checkpoints import check_state_dict, find_checkpoint, read_metadata
+    from vitscope.weights.checkpoints import find_checkpoint, read_metadata
 
     ckpt = find_checkpoint(source)
     meta = read_metadata(ckpt) if ckpt.suffix == ".safetensors" else {}
@@ -93,8 +93,8 @@ def open_translator(source: str | Path) -> TranslatorRun:
                          f"train one with vitscope train --task translate --preset translate_rnn")
     model = translator_from_dict(json.loads(meta[TRANSLATOR_KEY]))
     state = load_file(str(ckpt))
-    check_state_dict(model, state, source=str(ckpt))
-    model.load_state_dict(state)
+    load_checked(model, state, str(ckpt))
+    check_finite(state, str(ckpt))
     return TranslatorRun(model.eval(), Vocabulary.from_json(meta[SOURCE_VOCAB_KEY]),
                          Vocabulary.from_json(meta[TARGET_VOCAB_KEY]), int(meta["max_words"]),
                          json.loads(meta.get("train_config", "{}")), ckpt)

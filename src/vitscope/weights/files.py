@@ -70,6 +70,15 @@ def load_checked(model: ModuleT, state_dict: StateDict, source: str) -> ModuleT:
     return model
 
 
+def check_finite(state_dict: StateDict, source: str) -> None:
+    """An InputError where a checkpoint holds NaN or infinite weights: the training that wrote it diverged."""
+    bad = [name for name, t in state_dict.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise InputError(f"{source} holds NaN or infinite weights ({len(bad)} of {len(state_dict)} tensors, e.g. "
+                         f"{bad[0]}): the training that wrote it diverged; use an earlier checkpoint (a run's "
+                         f"best.safetensors)")
+
+
 def damaged(path: PathLike, e: Exception) -> InputError:
     kind = sniff(path)
     if kind is not None:

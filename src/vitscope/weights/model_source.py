@@ -45,22 +45,13 @@ def open_model(source: str | Path, *, kernels: bool = False) -> tuple[VisionTran
 
 def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     model, info = _open_unchecked(source)
-    _check_finite(model, info.source)
+    from vitscope.weights.files import check_finite
+
+    check_finite(model.state_dict(), info.source)
     if len(info.classes) != model.num_classes:
         raise InputError(f"{info.source} names {len(info.classes)} classes but its head has {model.num_classes} "
                          f"outputs: its metadata does not belong to its weights; use the checkpoint its run wrote")
     return model, info
-
-
-def _check_finite(model: VisionTransformer, source: str) -> None:
-    import torch
-
-    tensors = model.state_dict()
-    bad = [name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
-    if bad:
-        raise InputError(f"{source} holds NaN or infinite weights ({len(bad)} of {len(tensors)} tensors, e.g. "
-                         f"{bad[0]}): the training that wrote it diverged; use an earlier checkpoint (a run's "
-                         f"best.safetensors)")
 
 
 def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
