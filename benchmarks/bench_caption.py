@@ -46,9 +46,9 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vitscope.caption.decoding import beam_search, decode  # noqa: E402
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig  # noqa: E402
-from vitscope.caption.vocab import BOS, EOS, PAD  # noqa: E402
+from vitscope.sequence.decoding import beam_search, decode  # noqa: E402
+from vitscope.sequence.vocab import BOS, EOS, PAD  # noqa: E402
 
 IMPLS = ("vitscope", "vitscope-plain", "hf-sdpa", "hf-eager")
 IMPL_NAMES = {"vitscope": "vitscope, kernels applied", "vitscope-plain": "vitscope, plain PyTorch",
@@ -94,8 +94,8 @@ def quick_shape(small: bool = False) -> dict:
     import numpy as np
 
     from vitscope.caption.scenes import ITEM, Scene, ScenesConfig, scene_captions
-    from vitscope.caption.vocab import Vocabulary
     from vitscope.models import get_config
+    from vitscope.sequence.vocab import Vocabulary
     from vitscope.training.recipes import caption_quick
 
     recipe = caption_quick()

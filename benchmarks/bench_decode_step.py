@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import machine_header  # noqa: E402
 from bench_caption import build_impl, quick_shape  # noqa: E402
-from vitscope.caption.decoding import decode  # noqa: E402
 from vitscope.kernels import bf16 as bf16_support  # noqa: E402
 from vitscope.kernels import decode_attention  # noqa: E402
 from vitscope.kernels.fast_decoder import FastTransformerDecoder  # noqa: E402
+from vitscope.sequence.decoding import decode  # noqa: E402
 
 
 def main(argv=None) -> None:

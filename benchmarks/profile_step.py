@@ -3,8 +3,8 @@
     python benchmarks/profile_step.py                                   # the quick preset, batch 128
     python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256
     python benchmarks/profile_step.py --optimizer muon --rows 30
-    python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --kernels
-    python benchmarks/profile_step.py --no-kernels                      # PyTorch's ops alone, for comparison
+    python benchmarks/profile_step.py --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --time-kernels
+    python benchmarks/profile_step.py --kernels false                      # PyTorch's ops alone, for comparison
     python benchmarks/profile_step.py --model vit_small_patch16_224 --batch 32 --dtype float32 --steps 2 --compile
     perf record -e cpu-clock -D 6000 -o /tmp/perf.data python benchmarks/profile_step.py \
         --model vit_tiny_patch4_28 --set mlp_ratio=4.0 --batch 256 --loop 16   # then: perf report -i /tmp/perf.data
@@ -13,9 +13,9 @@ The step is `vitscope train`'s on a CPU, on a fixed random batch: the preset bui
 swapped in (`create_model(..., kernels=True)`), bfloat16 autocast (`--dtype float32`: none), forward,
 cross-entropy, backward, the optimizer as vitscope.training.loop builds it, zero_grad; the process keeps its
 freed memory (vitscope.kernels.allocator), which brings a bare loop of steps to the trainer's speed.
-`--no-kernels` runs the same steps inside `vitscope.kernels.disabled()`: PyTorch's ops alone. After a
+`--kernels false` runs the same steps inside `vitscope.kernels.disabled()`: PyTorch's ops alone. After a
 warm-up it profiles `--steps` steps and prints the machine, then the operators sorted by self CPU time.
-`--kernels` times instead each call into vitscope's C kernels (native.library() answers a wrapper that times
+`--time-kernels` times instead each call into vitscope's C kernels (native.library() answers a wrapper that times
 them) and each part of the step (forward with the loss, backward, optimizer), and prints per part the time
 inside the kernels and outside them (Python, autograd, PyTorch's own ops), and per kernel its calls and
 time: how much of the step the kernels can still win, and what is left around them. With `--loop SECONDS` it
@@ -83,7 +83,7 @@ def training_step(model: nn.Module, batch: int, optimizer: str = "adamw", *, dty
 def step_label(args: argparse.Namespace) -> str:
     """How the steps ran, for a table's caption."""
     dtype = "bfloat16 autocast" if args.dtype == "bfloat16" else "float32"
-    return dtype + (", PyTorch's ops alone (vitscope.kernels.disabled)" if args.no_kernels else "")
+    return dtype + (", PyTorch's ops alone (vitscope.kernels.disabled)" if not args.kernels else "")
 
 
 class _TimedLibrary:
@@ -112,7 +112,7 @@ class _TimedLibrary:
 
 
 def kernels(args, model) -> None:
-    """`--kernels`: the step's parts, inside vitscope's C kernels and outside them, and each kernel's time."""
+    """`--time-kernels`: the step's parts, inside vitscope's C kernels and outside them, and each kernel's time."""
     lib = native.library()
     if lib is None:
         sys.exit(f"vitscope's kernels do not run here: {native.unavailable()}")
@@ -154,16 +154,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a model field as `vitscope train --set` does; repeat for more fields")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=8, help="steps profiled (or timed, with --kernels)")
+    ap.add_argument("--steps", type=int, default=8, help="steps profiled (or timed, with --time-kernels)")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="bfloat16: steps under bfloat16 autocast (default); float32: without autocast")
     ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
-    ap.add_argument("--no-kernels", action="store_true",
-                    help="run the steps inside vitscope.kernels.disabled(): PyTorch's ops alone")
+    ap.add_argument("--kernels", type=lambda v: {"true": True, "false": False}[v.lower()], default=True,
+                    metavar="{true,false}",
+                    help="false: run the steps inside vitscope.kernels.disabled(), PyTorch's ops alone (default: true)")
     ap.add_argument("--rows", type=int, default=20, help="operators to list")
     ap.add_argument("--loop", type=float, metavar="SECONDS",
                     help="run steps for SECONDS without torch.profiler (for perf record and the like)")
-    ap.add_argument("--kernels", action="store_true",
+    ap.add_argument("--time-kernels", action="store_true",
                     help="time the calls into vitscope's C kernels and the step's parts instead of profiling")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (traced in the warm-up)")
     args = ap.parse_args(argv)
@@ -171,18 +172,18 @@ def main(argv: list[str] | None = None) -> None:
         overrides = parse_model_sets(args.set)
     except UsageError as e:
         ap.error(str(e))
-    if args.kernels and args.compile:
-        ap.error("--kernels times the eager step's calls; leave out --compile")
-    if args.kernels and args.no_kernels:
-        ap.error("--kernels times vitscope's kernels; leave out --no-kernels")
+    if args.time_kernels and args.compile:
+        ap.error("--time-kernels times the eager step's calls; leave out --compile")
+    if args.time_kernels and not args.kernels:
+        ap.error("--time-kernels times vitscope's kernels; leave out --kernels false")
     torch.manual_seed(0)
     model = create_model(args.model, kernels=True, **overrides)
     if args.compile:
         model = torch.compile(model)
-    if args.kernels:
+    if args.time_kernels:
         kernels(args, model)
         return
-    with vitscope_kernels.disabled() if args.no_kernels else contextlib.nullcontext():
+    with vitscope_kernels.disabled() if not args.kernels else contextlib.nullcontext():
         run(args, model)
 
 

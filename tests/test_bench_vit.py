@@ -112,11 +112,11 @@ def test_profile_lists_the_operators():
 @pytest.mark.slow
 def test_profile_without_the_kernels_says_so():
     r = _profile("--set", "depth=1", "--batch", "4", "--steps", "1", "--rows", "5", "--dtype", "float32",
-                 "--no-kernels")
+                 "--kernels", "false")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "float32, PyTorch's ops alone (vitscope.kernels.disabled) training step" in r.stdout
-    both = _profile("--kernels", "--no-kernels")
-    assert both.returncode == 2 and "leave out --no-kernels" in both.stderr
+    both = _profile("--time-kernels", "--kernels", "false")
+    assert both.returncode == 2 and "leave out --kernels false" in both.stderr
     bad = _profile("--set", "depht=1")
     assert bad.returncode == 2 and "not a model field" in bad.stderr
 

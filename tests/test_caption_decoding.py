@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from test_caption_models import MAX_LEN, images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
-from vitscope.caption.decoding import beam_search, decode, greedy
-from vitscope.caption.vocab import BOS, EOS, PAD
 from vitscope.errors import ConfigError
+from vitscope.sequence.decoding import beam_search, decode, greedy
+from vitscope.sequence.vocab import BOS, EOS, PAD
 
 WORDS = (EOS, 4, 5, 6)  # what can follow <bos>: <unk> is left out of the toy search (see _no_unk)
 KINDS = ["transformer", "lstm"]

@@ -14,7 +14,7 @@ from vitscope.caption.metrics import (
     peak_cells,
     score_captions,
 )
-from vitscope.caption.vocab import BOS, EOS, PAD, Vocabulary
+from vitscope.sequence.vocab import BOS, EOS, PAD, Vocabulary
 
 
 def _coco():

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
-from vitscope.caption.vocab import BOS, EOS, PAD
+from vitscope.sequence.vocab import BOS, EOS, PAD
 
 
 @pytest.fixture(autouse=True, scope="module")

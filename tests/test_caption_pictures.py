@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from test_caption_models import images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
-from vitscope.caption.decoding import beam_search
 from vitscope.caption.plots import (
     caption_figure,
     explore_captions,
@@ -16,8 +15,9 @@ from vitscope.caption.plots import (
     word_maps,
     write_caption_explorer,
 )
-from vitscope.caption.vocab import Vocabulary
 from vitscope.inspect.caption_explorer import caption_explorer_data, write_caption_page
+from vitscope.sequence.decoding import beam_search
+from vitscope.sequence.vocab import Vocabulary
 
 CHROMIUM = os.environ.get("VITSCOPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from vitscope.caption.readers import load_coco, load_flickr8k, load_karpathy, read_karpathy
-from vitscope.caption.vocab import BOS, EOS, PAD, UNK, Vocabulary, detokenize, tokenize
 from vitscope.data import DataError
+from vitscope.sequence.vocab import BOS, EOS, PAD, UNK, Vocabulary, detokenize, tokenize
 
 
 def _image(path, color, size=(20, 12), mode="RGB"):

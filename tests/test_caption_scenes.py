@@ -17,7 +17,7 @@ from vitscope.caption.scenes import (
     parse_caption,
     scenes_checksum,
 )
-from vitscope.caption.vocab import tokenize
+from vitscope.sequence.vocab import tokenize
 
 
 def _source(n=40, seed=0):

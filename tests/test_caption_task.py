@@ -18,14 +18,14 @@ from vitscope.caption.task import (
     check_vocab,
     load_caption_dataset,
     load_vocab,
-    trim_padding,
     vocab_from_metadata,
     vocab_metadata,
 )
 from vitscope.caption.transformer import EncoderSpec
-from vitscope.caption.vocab import PAD, Vocabulary
 from vitscope.data import DataError
 from vitscope.data.transforms import TrainTransform
+from vitscope.sequence.loss import trim_padding
+from vitscope.sequence.vocab import PAD, Vocabulary
 from vitscope.training.caption import CaptionTask
 from vitscope.training.config import TrainConfig
 from vitscope.training.distributed import DistInfo

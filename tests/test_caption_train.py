@@ -18,6 +18,7 @@ from vitscope.caption.scenes import ITEM, ScenesConfig, make_scenes
 from vitscope.caption.task import VOCAB_KEY, vocab_from_metadata
 from vitscope.data.transforms import TrainTransform
 from vitscope.decoder import TransformerDecoder
+from vitscope.inspect.probes import read_probes
 from vitscope.training.loop import TrainConfig, train
 from vitscope.training.optim import muon_param_names
 
@@ -68,6 +69,12 @@ def test_a_caption_run_trains_end_to_end_through_the_loop(toy, tmp_path):
     assert rows[-1]["train_loss"] < 0.6 * rows[0]["train_loss"]  # it learns
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     assert max(r["test_item_accuracy"] for r in rows) > 0  # and names some items in their cells
+    probes = read_probes(tmp_path)  # two test scenes' cross-attention, teacher-forced, before and at every epoch
+    assert probes.kind == "caption" and probes.steps == [0, 12, 24, 36, 48, 60, 72] and len(probes.inputs) == 2
+    att = probes.attention(72)  # (K, T, L, H, N): N = the class token and the 8 x 8 patches of a 56 x 56 scene
+    assert att.shape[0] == 2 and att.shape[2:4] == (1, 2) and att.shape[-1] == 1 + 8 * 8
+    torch.testing.assert_close(att.sum(-1), torch.ones(att.shape[:-1]), atol=2e-3, rtol=0)
+    assert (tmp_path / "probes.png").is_file()
     assert {"test_bleu4", "test_cider", "test_item_accuracy", "test_exact_match", "test_grounding"} <= set(rows[-1])
     assert res.value == rows[-1]["test_item_accuracy"]  # the metric best.safetensors follows
     with safe_open(str(tmp_path / "last.safetensors"), "pt") as f:

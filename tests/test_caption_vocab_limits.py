@@ -9,8 +9,8 @@ import torch
 
 from helpers import raises_one_line
 from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.vocab import MAX_WORDS, Vocabulary
 from vitscope.errors import ConfigError
+from vitscope.sequence.vocab import MAX_WORDS, Vocabulary
 
 
 def _raises(call, *fragments, error=ConfigError) -> str:

@@ -15,14 +15,15 @@ import vitscope
 
 PACKAGE = Path(vitscope.__file__).resolve().parent
 
-# DESIGN.md's layers, highest first: cli -> training -> tasks (caption, translate) -> weights / models -> kernels,
-# inspect -> the model files -> attention, positional, data; `errors`, `fields`, `io` and `figures` serve every
-# layer. A package may import its own layer or lower ones.
+# DESIGN.md's layers, highest first: cli -> training -> tasks (caption, translate) -> the sequence package ->
+# weights / models -> kernels, inspect -> the model files -> attention, positional, data; `errors`, `fields`, `io`
+# and `figures` serve every layer. A package may import its own layer or lower ones.
 LAYERS = [
     {"__main__", "console"},
     {"cli"},
     {"training"},
     {"caption", "translate"},
+    {"sequence"},
     {"", "models", "weights"},  # "": the package's own __init__, the public names over models
     {"kernels", "inspect"},
     {"vit", "decoder"},
@@ -147,3 +148,36 @@ def test_no_package_imports_a_higher_layer():
     upward = [f"{m} -> {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
               if rank[part(t)] < rank[part(m)]]
     assert not upward, "imports of a higher layer: " + "; ".join(upward)
+
+
+def test_tasks_never_import_each_other():
+    """What captioning and translation share lives in vitscope.sequence, below both (STYLE 18)."""
+    graph = import_graph()
+    tasks = ("vitscope.caption", "vitscope.translate")
+
+    def task(module: str) -> str | None:
+        return next((t for t in tasks if module == t or module.startswith(t + ".")), None)
+
+    crossing = [f"{m} -> {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
+                if task(m) and task(t) and task(m) != task(t)]
+    assert not crossing, "tasks importing each other: " + "; ".join(crossing)
+
+
+# Imports of vitscope modules inside functions, outside cli/ (whose sub-commands import what they run, so
+# `vitscope --help` stays quick): imports stand at the top of a module, where the graph can be read.
+MAX_IMPORTS_IN_FUNCTIONS = 15
+
+
+def test_imports_stand_at_the_top():
+    inner = []
+    for name, (path, _) in module_files().items():
+        if name.startswith("vitscope.cli") or name == "vitscope.console":
+            continue
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner += [f"{name}:{n.lineno}" for n in ast.walk(fn) if isinstance(n, ast.ImportFrom)
+                          and (n.module or "").startswith("vitscope") or isinstance(n, ast.Import)
+                          and any(a.name.startswith("vitscope") for a in n.names)]
+    assert len(inner) <= MAX_IMPORTS_IN_FUNCTIONS, (
+        f"{len(inner)} imports of vitscope modules inside functions outside cli/: " + ", ".join(inner))

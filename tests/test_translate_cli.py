@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from PIL import Image
 
 from vitscope.cli import main
+from vitscope.inspect.probes import read_probes
 from vitscope.translate.language import LEXICON
 from vitscope.translate.run import open_translator
 
@@ -39,6 +41,18 @@ def test_train_writes_the_report(run):
     data = json.loads(page.split('<script id="vitscope-data" type="application/json">')[1].split("</script>")[0])
     assert len(data["sentences"]) == 3 and data["num_layers"] == data["num_heads"] == 1
     assert "currentRow" in page
+
+
+def test_train_keeps_the_alignment_of_four_test_sentences_over_training(run):
+    probes = read_probes(run)
+    assert probes.kind == "translate" and probes.steps[0] == 0 and len(probes.steps) == 3  # before, 2 epochs
+    assert len(probes.inputs) == 4
+    item, att = probes.inputs[0], probes.attention(probes.steps[-1])[0]
+    assert att.shape[0] >= len(item["target"]) and att.shape[1] >= len(item["source"])
+    # each target word's attention is a distribution over the source words (pads get none)
+    torch.testing.assert_close(att[: len(item["target"]), : len(item["source"])].sum(-1),
+                               torch.ones(len(item["target"])), atol=2e-3, rtol=0)
+    assert (run / "probes.png").is_file() and "vitscope-data" in (run / "probes.html").read_text()
 
 
 def test_eval_scores_the_test_sentences(run, capsys):

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitscope.caption.decoding import beam_search, greedy
-from vitscope.caption.vocab import PAD
+from vitscope.sequence.decoding import beam_search, greedy
+from vitscope.sequence.loss import trim_padding
+from vitscope.sequence.vocab import PAD
 from vitscope.translate.data import ParallelData, build_translator
-from vitscope.translate.evaluate import evaluate_translations, trim
+from vitscope.translate.evaluate import evaluate_translations
 from vitscope.translate.language import make_pair
 
 
@@ -36,7 +37,7 @@ def small(kind: str, data, **kw):
 
 def test_additive_attention_sums_to_one_over_the_real_words_and_leaves_pads_at_zero(data):
     model = small("rnn", data)
-    src, tgt = trim(data.test.src[:8], data.test.tgt[:8])
+    src, tgt = trim_padding(data.test.src[:8]), trim_padding(data.test.tgt[:8])
     _, alphas = model(src, tgt)  # (B, T-1, N)
     pads = src == PAD
     assert pads.any()  # the batch has sentences of different lengths
@@ -62,7 +63,7 @@ def test_the_rnn_without_attention_reads_the_same_context_at_every_word(data):
 @pytest.mark.parametrize("kind", ["rnn", "transformer"])
 def test_teacher_forced_logits_equal_step_by_step_decoding(kind, data):
     model = small(kind, data)
-    src, tgt = trim(data.test.src[:5], data.test.tgt[:5])
+    src, tgt = trim_padding(data.test.src[:5]), trim_padding(data.test.tgt[:5])
     logits = model(src, tgt)[0] if kind == "rnn" else model(src, tgt)
     state = model.start(model.encode(src), src == PAD)
     for t in range(tgt.shape[1] - 1):
@@ -98,7 +99,7 @@ def test_a_short_training_learns_the_reordering(data):
     gen = torch.Generator().manual_seed(0)
     for _ in range(260):
         idx = torch.randint(0, len(data.train), (32,), generator=gen)
-        src, tgt = trim(data.train.src[idx], data.train.tgt[idx])
+        src, tgt = trim_padding(data.train.src[idx]), trim_padding(data.train.tgt[idx])
         loss = model.losses(src, tgt)["loss"]
         opt.zero_grad()
         loss.backward()

@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vitscope.errors import ConfigError
+from vitscope.kernels import apply
 from vitscope.vit import VisionTransformer, ViTConfig
+from vitscope.weights.pretrained import load_pretrained, weights_file
 
 _REGISTRY: dict[str, Callable[[], ViTConfig]] = {}
 
@@ -50,11 +52,9 @@ def create_model(name: str, pretrained: bool | str | Path = False, *, kernels: b
     and img_size adapt them as timm does."""
     model = VisionTransformer(get_config(name, **overrides))
     if pretrained is not False and pretrained is not None:
-        from vitscope.weights.pretrained import load_pretrained, weights_file
 
         load_pretrained(model, weights_file(name) if pretrained is True else Path(pretrained))
     if kernels:
-        from vitscope.kernels import apply
 
         apply(model)
     return model

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from vitscope.caption.vocab import MAX_WORDS, Vocabulary, tokenize
 from vitscope.errors import InputError
+from vitscope.sequence.vocab import MAX_WORDS, Vocabulary, tokenize
 
 
 @dataclass

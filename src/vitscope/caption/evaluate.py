@@ -2,11 +2,12 @@
 references (BLEU-1..4, CIDEr-D), and on Fashion-MNIST scenes the grounded measures (item accuracy,
 exact match, attention grounding per layer and head).
 
-    result = evaluate_captions(model.eval(), test_set, vocab, mean=train.mean, std=train.std, beam=3)
+    result = evaluate_captions(model, test_set, vocab, mean=train.mean, std=train.std, beam=3)
     result.metrics  # {'bleu1': ..., 'bleu4': ..., 'cider': ..., 'item_accuracy': ..., 'grounding': ...}
 
 Decoding runs in batches; grounding is accumulated per batch (hits and counts), so no attention of
-the whole split is ever held at once.
+the whole split is ever held at once. Like `vitscope.translate.evaluate_translations`, it puts the model in
+eval mode (and back), runs without gradients, and under bfloat16 autocast with `bf16`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.decoding import decode
 from vitscope.caption.metrics import attention_grounding, score_captions
 from vitscope.caption.scenes import exact_match, item_accuracy
-from vitscope.caption.vocab import PAD, Vocabulary
+from vitscope.data import normalize
+from vitscope.sequence.decoding import decode
+from vitscope.sequence.evaluation import evaluating
+from vitscope.sequence.loss import masked_xent
+from vitscope.sequence.vocab import PAD, Vocabulary
 
 
 @dataclass
@@ -35,11 +38,17 @@ def evaluate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, mean
                       std: Sequence[float], beam: int = 1, batch_size: int = 64, max_len: int | None = None,
                       length_penalty: float = 0.0, no_repeat_ngram_size: int = 0,
                       device: torch.device | str | None = None, bf16: bool = False) -> CaptionEvaluation:
-    """Decode `dataset` (uint8 images, normalised here with the TRAINING mean/std) and score it.
-    Put the model in eval mode first. Metrics carry the decoding settings ('beam', ...) and 'loss', the
-    teacher-forced cross-entropy of every reference (cut to the decoder's positions)."""
-    from vitscope.data import normalize
+    """Decode `dataset` (uint8 images, normalised here with the TRAINING mean/std) and score it, the model
+    in eval mode. Metrics carry the decoding settings ('beam', ...) and 'loss', the teacher-forced
+    cross-entropy of every reference (cut to the decoder's positions)."""
+    with evaluating(model):
+        return _evaluate(model, dataset, vocab, mean=mean, std=std, beam=beam, batch_size=batch_size,
+                         max_len=max_len, length_penalty=length_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                         device=device, bf16=bf16)
 
+
+def _evaluate(model, dataset: CaptionDataset, vocab: Vocabulary, *, mean, std, beam, batch_size, max_len,
+              length_penalty, no_repeat_ngram_size, device, bf16) -> CaptionEvaluation:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     words: list[list[str]] = []
     hits_head = hits_layer = None
@@ -53,10 +62,9 @@ def evaluate_captions(model, dataset: CaptionDataset, vocab: Vocabulary, *, mean
             index, tokens = part.pairs(vocab, max_len=model.max_len)
             out = model.teacher_forced(memory.index_select(0, index.to(device)), tokens.to(device))
             logits = out[0] if isinstance(out, tuple) else out  # the LSTM also returns its alignments
-            targets = tokens[:, 1:].to(device)
-            xent_sum += float(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
-                                              reduction="sum"))
-            xent_count += int((targets != PAD).sum())
+            tokens = tokens.to(device)
+            xent_sum += float(masked_xent(logits, tokens, reduction="sum"))
+            xent_count += int((tokens[:, 1:] != PAD).sum())
             out = decode(model, memory=memory, beam=beam, max_len=max_len, length_penalty=length_penalty,
                          no_repeat_ngram_size=no_repeat_ngram_size)
         batch_words = out.words(vocab)

@@ -5,12 +5,7 @@ Every metric takes, per image, one hypothesis and all of that image's references
 `caption_words` turns token ids into such a list: cut at the first `<eos>`, `<bos>`/`<pad>` left out.
 `score_captions` also drops punctuation tokens first, as the COCO evaluation's tokenizer does.
 
-BLEU (Papineni et al. 2002) as pycocoevalcap's `Bleu(4)` scores a corpus: clipped n-gram counts
-and hypothesis n-gram counts are summed over all images before dividing; the reference length for
-the brevity penalty is, per image, the reference length closest to the hypothesis length (the
-shorter on a tie), summed over images; BLEU-n is the geometric mean of the precisions 1..n. Zero
-counts are smoothed by 1e-15 / 1e-9 exactly as there, so a corpus with no matching 4-gram scores
-BLEU-4 ~ 1e-5 ... 1e-7, not an error.
+BLEU is `vitscope.sequence.bleu`'s (translation scores with it too), computed as pycocoevalcap's `Bleu(4)`.
 
 CIDEr-D (Vedantam et al. 2015) as pycocoevalcap's `Cider` scores it (that class is CIDEr-D: clipped
 tf-idf and a Gaussian length penalty): n-gram document frequencies are counted over the references
@@ -31,65 +26,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vitscope.caption.vocab import Vocabulary, is_punctuation
-
-Words = Sequence[str]
-NGram = tuple[str, ...]
+from vitscope.caption.scenes import item_word_targets
+from vitscope.sequence.bleu import NGram, Words, check_corpus, corpus_bleu, ngram_counts
+from vitscope.sequence.vocab import Vocabulary, is_punctuation
 
 
 def caption_words(ids: Sequence[int] | Tensor, vocab: Vocabulary) -> list[str]:
     """Token ids -> words: cut at the first `<eos>`; `<bos>` and `<pad>` left out."""
     return vocab.decode_words(ids)
-
-
-def ngram_counts(words: Words, n: int = 4) -> Counter[NGram]:
-    """Every k-gram for k = 1..n with its count."""
-    counts: Counter[NGram] = Counter()
-    for k in range(1, n + 1):
-        for i in range(len(words) - k + 1):
-            counts[tuple(words[i:i + k])] += 1
-    return counts
-
-
-def _check(hypotheses: Sequence[Words], references: Sequence[Sequence[Words]]) -> None:
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but references for {len(references)} images")
-    if not hypotheses:
-        raise ValueError("no captions to score")
-    empty = [i for i, refs in enumerate(references) if len(refs) == 0]
-    if empty:
-        raise ValueError(f"image {empty[0]} has no reference caption; every scored image needs at least one")
-    for h in (hypotheses[0], *references[0]):
-        if isinstance(h, str):
-            raise TypeError("captions are word lists here, not strings: pass vocab.tokenize(text)")
-
-
-# -- BLEU ------------------------------------------------------------------------------------------
-_TINY, _SMALL = 1e-15, 1e-9  # the COCO code's smoothing: 0 matches -> ~0, never 0/0
-
-
-def corpus_bleu(hypotheses: Sequence[Words], references: Sequence[Sequence[Words]], n: int = 4) -> list[float]:
-    """[BLEU-1, ..., BLEU-n] of the corpus: one hypothesis and its references per image."""
-    _check(hypotheses, references)
-    correct, guess = [0] * n, [0] * n
-    hyp_len = ref_len = 0
-    for hyp, refs in zip(hypotheses, references):
-        max_ref: Counter[NGram] = Counter()
-        for ref in refs:
-            max_ref |= ngram_counts(ref, n)  # | keeps the larger count: clipping by the best reference
-        for gram, count in ngram_counts(hyp, n).items():
-            correct[len(gram) - 1] += min(count, max_ref[gram])
-        for k in range(n):
-            guess[k] += max(0, len(hyp) - k)
-        hyp_len += len(hyp)
-        ref_len += min((abs(len(r) - len(hyp)), len(r)) for r in refs)[1]  # closest; shorter on ties
-    ratio = (hyp_len + _TINY) / (ref_len + _SMALL)
-    brevity = math.exp(1 - 1 / ratio) if ratio < 1 else 1.0
-    scores, product = [], 1.0
-    for k in range(n):
-        product *= (correct[k] + _TINY) / (guess[k] + _SMALL)
-        scores.append(product ** (1 / (k + 1)) * brevity)
-    return scores
 
 
 # -- CIDEr-D ---------------------------------------------------------------------------------------
@@ -108,7 +52,7 @@ def _tfidf(counts: Counter[NGram], df: Mapping[NGram, float], log_images: float,
 def cider_d(hypotheses: Sequence[Words], references: Sequence[Sequence[Words]], *, n: int = 4,
             sigma: float = 6.0) -> tuple[float, list[float]]:
     """(corpus CIDEr-D, per-image scores). Document frequencies come from these references."""
-    _check(hypotheses, references)
+    check_corpus(hypotheses, references)
     ref_counts = [[ngram_counts(r, n) for r in refs] for refs in references]
     df: Counter[NGram] = Counter()
     for refs in ref_counts:
@@ -191,8 +135,6 @@ def attention_grounding(words: Sequence[Words], attentions: Sequence[Tensor], sc
     of the step that produced word t; scenes[i]: its `Scene`. An item word is each word of a class
     name whose item the caption names (see `scenes.item_word_targets`).
     """
-    from vitscope.caption.scenes import item_word_targets
-
     hits_head, hits_mean, total, count = None, None, 0, 0
     for ws, att, scene in zip(words, attentions, scenes):
         att = att[:, None, None] if att.ndim == 2 else att  # (T, L, H, N)

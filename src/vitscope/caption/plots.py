@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitscope.caption.decoding import beam_search, decode, greedy
-from vitscope.caption.vocab import Vocabulary
 from vitscope.data import normalize
 from vitscope.figures import Figure
 from vitscope.inspect.caption_explorer import caption_explorer_data, caption_page
 from vitscope.inspect.page import Page
+from vitscope.sequence.decoding import beam_search, decode, greedy
+from vitscope.sequence.vocab import Vocabulary
 
 
 def word_maps(attention: Tensor, grid: tuple[int, int], *, num_prefix_tokens: int = 0,

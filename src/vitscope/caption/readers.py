@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.vocab import tokenize
 from vitscope.data import DataError, channel_stats, load_image
 from vitscope.errors import ConfigError
+from vitscope.sequence.vocab import tokenize
 
 OnError = Literal["skip", "raise"]
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitscope.caption.dataset import CaptionDataset
+from vitscope.caption.plots import caption_figure, write_caption_explorer
 from vitscope.caption.task import (
     VOCAB_KEY,
     Captioner,
@@ -26,8 +27,10 @@ from vitscope.caption.task import (
     load_vocab,
     vocab_from_metadata,
 )
-from vitscope.caption.vocab import Vocabulary
-from vitscope.errors import ConfigError, InputError
+from vitscope.errors import InputError
+from vitscope.kernels import apply
+from vitscope.sequence.vocab import Vocabulary
+from vitscope.weights.checkpoints import checkpoint_metadata, find_checkpoint, read_metadata
 from vitscope.weights.files import CAPTIONER_KEY, check_finite, load_checked
 
 
@@ -53,8 +56,6 @@ class CaptionRun:
 
 def is_caption_checkpoint(source: str | Path) -> bool:
     """Whether `source` (a run directory or a .safetensors file) holds a captioner."""
-    from vitscope.weights.checkpoints import checkpoint_metadata
-
     meta = checkpoint_metadata(source)
     return meta is not None and (CAPTIONER_KEY in meta or VOCAB_KEY in meta)
 
@@ -63,8 +64,6 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     """The captioner `source` holds, in eval mode, with its vocabulary (or `vocab_file`'s, checked
     against the output layer); with `kernels`, vitscope's CPU kernels swapped in."""
     from safetensors.torch import load_file
-
-    from vitscope.weights.checkpoints import find_checkpoint, read_metadata
 
     ckpt = find_checkpoint(source)
     meta = read_metadata(ckpt)
@@ -92,17 +91,9 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     mean = tuple(json.loads(meta["mean"])) if "mean" in meta else (0.5,) * model.encoder.config.in_chans
     std = tuple(json.loads(meta["std"])) if "std" in meta else (0.5,) * model.encoder.config.in_chans
     if kernels:
-        from vitscope.kernels import apply
 
         apply(model)
     return CaptionRun(model.eval(), vocab, mean, std, meta.get("dataset") or config.get("dataset"), config, ckpt)
-
-
-def check_max_len(model: Captioner, max_len: int | None) -> None:
-    """Before any work: a maximum caption length the decoder's positions hold."""
-    if max_len is not None and not 2 <= max_len <= model.max_len:
-        raise ConfigError(f"--max-len {max_len}: the decoder has {model.max_len} positions (<bos> included), "
-                         f"so captions can be 2 to {model.max_len} tokens long; choose one in that range")
 
 
 # -- the report of a finished caption run ------------------------------------------------------------------
@@ -112,8 +103,6 @@ def write_caption_report(run_dir: Path, model: Captioner, vocab: Vocabulary, dat
     """caption_attention.png: one panel per generated word with where it looked, for the first test image
     with the most items (the lecture's figure); captions.html: the caption explorer over `images` test
     images. Returns the files written."""
-    from vitscope.caption.plots import caption_figure, write_caption_explorer
-
     model.eval()
     written = []
     pick = 0

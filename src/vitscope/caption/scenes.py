@@ -25,7 +25,6 @@ the other three in a random order.
 
 Sizes and content checksums (sha256 of images, captions and scene records; `scenes_checksum`) of
 the default configurations, from Debian's dataset-fashion-mnist (the official release):
-
     ScenesConfig()         train 20,000 x 1x56x56  6cdc107d22a8e975...
                            test   2,000 x 1x56x56  78e1fd1c71df3bbb...
     ScenesConfig(cells=3)  train 20,000 x 1x84x84  265f27a20dd2088d...
@@ -48,8 +47,9 @@ import torch
 from torch import Tensor
 
 from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.vocab import tokenize
+from vitscope.data import DataError, load_dataset
 from vitscope.errors import ConfigError
+from vitscope.sequence.vocab import tokenize
 
 ITEM = 28  # Fashion-MNIST's side: one item per cell
 CLASS_WORDS = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
@@ -296,8 +296,6 @@ def load_scenes(split: str = "train", *, config: ScenesConfig = ScenesConfig(), 
     With the default sizes and seed the content is checked against CHECKSUMS (a different numpy
     generator or source files would silently give other scenes otherwise).
     """
-    from vitscope.data import DataError, load_dataset
-
     if split not in _SPLIT_KEYS:
         raise DataError(f"fmnist_scenes has splits 'train' and 'test', not {split!r}")
     source = load_dataset("fashion_mnist", split, root=root)

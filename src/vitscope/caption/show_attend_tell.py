@@ -43,10 +43,11 @@ from vitscope.caption.encoder import (
     encode_memory,
     memory_prefix_tokens,
 )
-from vitscope.caption.transformer import param_groups, token_counts
-from vitscope.caption.vocab import PAD
 from vitscope.errors import ConfigError
 from vitscope.fields import check_decoder_sizes
+from vitscope.sequence.loss import masked_xent, token_counts
+from vitscope.sequence.vocab import PAD
+from vitscope.vit import param_groups
 
 
 @dataclass
@@ -216,8 +217,7 @@ class ShowAttendTell(nn.Module):
         'correct' and 'targets': the real targets the argmax gets right, and the real targets."""
         logits, alphas = self.packed(memory, tokens, memory_padding=memory_padding)
         targets = tokens[:, 1:]
-        xent = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
-                               label_smoothing=self.config.label_smoothing)
+        xent = masked_xent(logits, tokens, label_smoothing=self.config.label_smoothing)
         words = (targets != PAD).sum().clamp_min(1)
         coverage = alphas.float().sum(1)  # (B, N): sum_t alpha_ti over the real steps (zeros at pads)
         gap = (1 - coverage) ** 2
@@ -229,7 +229,7 @@ class ShowAttendTell(nn.Module):
     def loss(self, images: Tensor, tokens: Tensor, *, memory_padding: Tensor | None = None) -> Tensor:
         return self.losses(images, tokens, memory_padding=memory_padding)["loss"]
 
-    # -- the step interface (vitscope.caption.decoding) -------------------------------------------------
+    # -- the step interface (vitscope.sequence.decoding) -------------------------------------------------
     def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
               bos: int = 1, beams: int = 1) -> LSTMState:
         """`beams` hypotheses per image, one row each (R = B·beams), sharing the image's memory and keys.

@@ -5,7 +5,7 @@
     vocab = data.build_vocab(min_count=1)                          # training split only
     model = build_captioner(CaptionTaskConfig(kind="transformer"), len(vocab), img_size=56, in_chans=1)
     index, tokens = data.pairs(vocab, max_len=32)                  # one row per reference caption
-    loss = model.losses(normalize(images, mean, std), trim_padding(tokens[rows]))["loss"]
+    loss = model.losses(normalize(images, mean, std), sequence.trim_padding(tokens[rows]))["loss"]
 
 The vocabulary travels with the checkpoint as a string in the safetensors metadata
 (`vocab_metadata` / `vocab_from_metadata`) or a JSON file beside the weights; `check_vocab`
@@ -18,13 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from torch import Tensor
-
 from vitscope.caption.dataset import CaptionDataset
+from vitscope.caption.readers import load_coco, load_flickr8k, load_karpathy
+from vitscope.caption.scenes import ScenesConfig, load_scenes
 from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 from vitscope.caption.transformer import EncoderSpec, TransformerCaptioner, TransformerCaptionerConfig
-from vitscope.caption.vocab import PAD, Vocabulary
+from vitscope.data import DataError
 from vitscope.errors import ConfigError, InputError
+from vitscope.sequence.vocab import Vocabulary
 from vitscope.weights.files import VOCAB_KEY
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
@@ -42,10 +43,6 @@ def load_caption_dataset(name: str, split: str, *, root: str | Path | None = Non
     (dataset_coco.json, ...) with images under `root`. flickr8k: `root`/Flickr8k.token.txt, its split
     lists, and images in `root`/Flicker8k_Dataset (or `captions_file` for the token file).
     """
-    from vitscope.caption.readers import load_coco, load_flickr8k, load_karpathy
-    from vitscope.caption.scenes import ScenesConfig, load_scenes
-    from vitscope.data import DataError
-
     if name in ("fmnist_scenes", "fmnist_scenes3"):
         return load_scenes(split, config=ScenesConfig(cells=3 if name.endswith("3") else 2), root=root,
                            verify=verify)
@@ -159,10 +156,3 @@ def check_vocab(model: Captioner, vocab: Vocabulary) -> None:
     if len(vocab) != output_size(model):
         raise InputError(f"the vocabulary has {len(vocab)} words but the model predicts {output_size(model)}; "
                          "use the vocabulary saved with this run's checkpoint")
-
-
-# -- batches -------------------------------------------------------------------------------------------
-def trim_padding(tokens: Tensor) -> Tensor:
-    """Drop the columns that are `<pad>` in every row: a batch is as long as its longest caption."""
-    real = (tokens != PAD).any(0).nonzero()
-    return tokens[:, : int(real.max()) + 1] if real.numel() else tokens[:, :2]

@@ -11,7 +11,14 @@ import json
 import sys
 from pathlib import Path
 
-from vitscope.cli.common import UsageError, add_caption_options, add_kernels_flag, at_least, open_caption_run
+from vitscope.cli.common import (
+    UsageError,
+    add_decoding_options,
+    add_kernels_flag,
+    at_least,
+    decode_options,
+    open_caption_run,
+)
 
 
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,7 +32,7 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model", metavar="RUN", help="a caption run directory (best.safetensors, else last) or its "
                                                 ".safetensors checkpoint")
     p.add_argument("images", metavar="IMAGE_OR_FOLDER", nargs="+", type=Path, help="image files or folders")
-    add_caption_options(p, beam_default=5)
+    add_decoding_options(p, beam_default=5)
     p.add_argument("--batch-size", type=at_least(1), default=64, help="images decoded together (default: 64)")
     p.add_argument("--json", action="store_true", help="print JSON (file, caption, words, score) instead of lines")
     add_kernels_flag(p)
@@ -36,11 +43,12 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
 def run_caption(args) -> int:
     import torch
 
-    from vitscope.caption.decoding import decode
     from vitscope.data import normalize
     from vitscope.data.image_files import find_image_files, read_image_files
+    from vitscope.sequence.decoding import decode
 
-    run = open_caption_run(args.model, vocab=args.vocab, max_len=args.max_len, kernels=not args.no_kernels)
+    options = decode_options(args)
+    run = open_caption_run(args.model, vocab=args.vocab, options=options, kernels=args.kernels)
     files = find_image_files(args.images)
     named = {p for p in args.images if p.is_file()}
     results = []
@@ -52,8 +60,7 @@ def run_caption(args) -> int:
         if not chunk:
             continue
         with torch.no_grad():
-            out = decode(run.model, normalize(x, run.mean, run.std), beam=args.beam, max_len=args.max_len,
-                         length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram)
+            out = decode(run.model, normalize(x, run.mean, run.std), **options.kwargs())
         for f, words, caption, score in zip(chunk, out.words(run.vocab), out.captions(run.vocab), out.score.tolist()):
             results.append({"file": str(f), "caption": caption, "words": words, "score": round(score, 4)})
     if not results:

@@ -158,10 +158,11 @@ def parse_model_sets(items: list[str]) -> dict:
 
 # -- what several sub-commands share ------------------------------------------------------------------
 def add_kernels_flag(parser: argparse.ArgumentParser) -> None:
-    """--no-kernels: PyTorch's ops alone, for a command that otherwise swaps vitscope's CPU kernels in."""
-    parser.add_argument("--no-kernels", action="store_true",
-                        help="run PyTorch's ops alone, without vitscope's CPU kernels (VITSCOPE_NATIVE=0 keeps "
-                             "the C kernels from loading at all)")
+    """--kernels {true,false}, spelled as `vitscope train` spells its TrainConfig field: false runs PyTorch's ops
+    alone, for a command that otherwise swaps vitscope's CPU kernels in."""
+    parser.add_argument("--kernels", type=_bool, default=True, metavar="{true,false}",
+                        help="CPU: run vitscope's kernels (vitscope.kernels.apply); false: PyTorch's ops alone "
+                             "(VITSCOPE_NATIVE=0 keeps the C kernels from loading at all) (default: true)")
 
 
 def check_out_dir(path: Path, *, writes: tuple[str, ...] = (), overwrite: bool = False) -> Path:
@@ -212,24 +213,36 @@ def os_error_line(e: OSError) -> str:
     return f"{e.strerror or type(e).__name__}{where}; {advice}"
 
 
-# -- captioning: what `caption` and `eval` share --------------------------------------------------------
-def add_caption_options(p: argparse.ArgumentParser, *, beam_default: int) -> None:
-    """The decoding options `caption` and `eval` share."""
+# -- decoding: what `caption`, `translate` and `eval` share -----------------------------------------------
+def add_decoding_options(p: argparse.ArgumentParser, *, beam_default: int, vocab: bool = True) -> None:
+    """The decoding options `caption`, `translate` and `eval` share (`decode_options` reads them), and a
+    captioner's --vocab."""
     p.add_argument("--beam", type=at_least(1), default=beam_default,
                    help=f"beam size; 1 decodes greedily (default: {beam_default})")
     p.add_argument("--max-len", type=at_least(2), default=None, metavar="N",
-                   help="the longest caption in tokens, <bos> and <eos> included (default: the decoder's positions)")
+                   help="the longest output in tokens, <bos> and <eos> included (default: the decoder's positions)")
     p.add_argument("--length-penalty", type=float, default=0.0,
                    help="rank beams by log-probability / length ** this (default: 0, the summed log-probability)")
     p.add_argument("--no-repeat-ngram", type=at_least(0), default=0, metavar="N",
                    help="never repeat an n-gram of this size (default: 0, off)")
-    p.add_argument("--vocab", type=Path, metavar="FILE",
-                   help="a vocabulary JSON file to use instead of the checkpoint's own (it must be the same)")
+    if vocab:
+        p.add_argument("--vocab", type=Path, metavar="FILE",
+                       help="captioning: a vocabulary JSON file to use instead of the checkpoint's own (it must be "
+                            "the same)")
 
 
-def open_caption_run(model: str | Path, *, vocab: Path | None, max_len: int | None, kernels: bool):
-    """A captioning run opened for decoding, or a usage error that says which command fits `model` instead."""
-    from vitscope.caption.run import check_max_len, is_caption_checkpoint, open_captioner
+def decode_options(args):
+    """The decoding flags as one `vitscope.sequence.DecodeOptions`, checked."""
+    from vitscope.sequence.decoding import DecodeOptions
+
+    return DecodeOptions(beam=args.beam, max_len=args.max_len, length_penalty=args.length_penalty,
+                         no_repeat_ngram_size=args.no_repeat_ngram)
+
+
+def open_caption_run(model: str | Path, *, vocab: Path | None, options, kernels: bool):
+    """A captioning run opened for decoding with `options` (DecodeOptions), or a usage error that says which
+    command fits `model` instead."""
+    from vitscope.caption.run import is_caption_checkpoint, open_captioner
 
     if not is_caption_checkpoint(model):
         if not Path(model).exists():
@@ -237,5 +250,5 @@ def open_caption_run(model: str | Path, *, vocab: Path | None, max_len: int | No
         raise UsageError(f"{model} is not a captioning run; train one with vitscope train --task caption "
                          f"(for a classifier use vitscope predict)")
     run = open_captioner(model, vocab_file=vocab, kernels=kernels)
-    check_max_len(run.model, max_len)
+    options.check(run.model)
     return run

@@ -9,11 +9,12 @@ import json
 
 from vitscope.cli.common import (
     UsageError,
-    add_caption_options,
+    add_decoding_options,
     add_kernels_flag,
     add_overwrite_flag,
     at_least,
     check_out_dir,
+    decode_options,
     listed,
     nonempty_path,
     open_caption_run,
@@ -44,10 +45,11 @@ def add_eval_parser(sub) -> None:
                    help="fp32, or bf16: under bfloat16 autocast, as the training loop evaluates a run that trains in "
                         "bfloat16 (the default on CPUs with AVX512-BF16 or AMX), which gives its figure; greedy "
                         "captions can differ between the two where two words nearly tie (default: fp32)")
-    g = p.add_argument_group("captioning runs (vitscope train --task caption)",
-                             "BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact match and "
-                             "attention grounding) for greedy decoding and for beam search of size --beam")
-    add_caption_options(g, beam_default=BEAM)
+    g = p.add_argument_group("captioning and translation runs (vitscope train --task caption | translate)",
+                             "captioning: BLEU-1..4 and CIDEr-D (on Fashion-MNIST scenes also item accuracy, exact "
+                             "match and attention grounding); translation: exact match, token accuracy, BLEU-4 and "
+                             "alignment; each for greedy decoding and for beam search of size --beam")
+    add_decoding_options(g, beam_default=BEAM)
     add_kernels_flag(p)
     p.set_defaults(run=run_eval)
 
@@ -74,7 +76,7 @@ def run_eval(args) -> int:
         raise UsageError(f"{', '.join(decoding)}: decoding options, for captioning and translation runs; "
                          f"{args.checkpoint} is a classifier, evaluated without them")
     out = check_out_dir(args.out, writes=("confusion.png", "eval.json"), overwrite=args.overwrite) if args.out else None
-    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
+    model, info = open_model(args.checkpoint, kernels=args.kernels)
     name = args.dataset or info.dataset
     if not name:
         raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
@@ -134,7 +136,11 @@ def run_caption_eval(args) -> int:
     from vitscope.caption.task import CAPTION_DATASETS, load_caption_dataset
 
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
-    run = open_caption_run(args.checkpoint, vocab=args.vocab, max_len=args.max_len, kernels=not args.no_kernels)
+    if args.flip or args.shift:
+        raise UsageError("--flip and --shift average views of an image's logits, for classifiers; a captioner is "
+                         "evaluated on its decoded captions")
+    options = decode_options(args)
+    run = open_caption_run(args.checkpoint, vocab=args.vocab, options=options, kernels=args.kernels)
     name = args.dataset or run.dataset
     if not name:
         raise UsageError("this checkpoint does not say which dataset it was trained on; pass --dataset")
@@ -150,9 +156,9 @@ def run_caption_eval(args) -> int:
                          f"{(run.channels, *run.image_size)}: evaluate it on the data it was trained on")
     rows = {}
     for beam in dict.fromkeys((1, args.beam)):
-        result = evaluate_captions(run.model, data, run.vocab, mean=run.mean, std=run.std, beam=beam,
-                                   batch_size=args.batch_size, max_len=args.max_len, length_penalty=args.length_penalty,
-                                   no_repeat_ngram_size=args.no_repeat_ngram, bf16=args.amp == "bf16")
+        result = evaluate_captions(run.model, data, run.vocab, mean=run.mean, std=run.std,
+                                   **{**options.kwargs(), "beam": beam}, batch_size=args.batch_size,
+                                   bf16=args.amp == "bf16")
         rows["greedy" if beam == 1 else f"beam {beam}"] = result
     summary = {"checkpoint": str(run.source), "dataset": name, "split": split, "amp": args.amp, "images": len(data),
                "decoding": {k: r.metrics for k, r in rows.items()},

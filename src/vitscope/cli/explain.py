@@ -115,7 +115,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
     if not args.images and not args.dataset:
         raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
     out = check_out_dir(Path(args.out), writes=EXPLAIN_FILES, overwrite=args.overwrite)
-    model, info = _load(Path(args.model), kernels=not args.no_kernels)
+    model, info = _load(Path(args.model), kernels=args.kernels)
     known = info.normalisation_known
     mean, std = (list(info.mean), list(info.std)) if known else (None, None)
     classes = info.classes if info.named_classes else None

@@ -29,7 +29,7 @@ def run_predict(args) -> int:
     from vitscope.data.transforms import eval_transform
     from vitscope.weights.model_source import open_model
 
-    model, info = open_model(args.checkpoint, kernels=not args.no_kernels)
+    model, info = open_model(args.checkpoint, kernels=args.kernels)
     files = find_image_files(args.images)
     named = {p for p in args.images if p.is_file()}
     size = model.config.img_size

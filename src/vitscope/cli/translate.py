@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vitscope.cli.common import UsageError, at_least
+from vitscope.cli.common import UsageError, add_decoding_options, add_kernels_flag, decode_options
 
 
 def add_translate_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,9 +25,10 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model", metavar="RUN", help="a translation run directory (best.safetensors, else last) or its "
                                                 ".safetensors checkpoint")
     p.add_argument("sentences", metavar="SENTENCE", nargs="+", help="source sentences, each one argument")
-    p.add_argument("--beam", type=at_least(1), default=5, help="beam size (1: greedy decoding; default: 5)")
+    add_decoding_options(p, beam_default=5, vocab=False)
     p.add_argument("--json", action="store_true",
                    help="print JSON (source, translation, words, attention peaks, score) instead of lines")
+    add_kernels_flag(p)
     p.set_defaults(run=run_translate)
     return p
 
@@ -39,9 +40,11 @@ def run_translate(args) -> int:
     if not is_translation_checkpoint(args.model):
         raise UsageError(f"{args.model} is not a translation run (train one with vitscope train --task translate "
                          f"--preset translate_rnn)")
-    run = open_translator(args.model)
+    options = decode_options(args)
+    run = open_translator(args.model, kernels=args.kernels)
+    options.check(run.model)
     sentences = [split_sentence(s) for s in args.sentences]
-    results = run.translate(sentences, beam=args.beam)
+    results = run.translate(sentences, **options.kwargs())
     rows = []
     for r in results:
         peaks = None
@@ -65,16 +68,20 @@ def run_translation_eval(args) -> int:
     greedily and with beam search of size --beam, side by side."""
     from pathlib import Path
 
-    import torch
-
     from vitscope.cli.common import check_out_dir
     from vitscope.translate.data import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
     from vitscope.translate.language import make_pair
     from vitscope.translate.run import open_translator
 
+    if args.vocab is not None:
+        raise UsageError("--vocab is a captioner's: a translator carries its two vocabularies in its checkpoint")
+    if args.flip or args.shift:
+        raise UsageError("--flip and --shift average views of images, for classifiers; a translator reads sentences")
+    options = decode_options(args)
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
-    run = open_translator(args.checkpoint)
+    run = open_translator(args.checkpoint, kernels=args.kernels)
+    options.check(run.model)
     cfg = run.train_config
     if args.dataset not in (None, "synthetic_pair") or args.split not in (None, "test"):
         raise UsageError("a translator is evaluated on its own test sentences (drop --dataset and --split)")
@@ -86,8 +93,8 @@ def run_translation_eval(args) -> int:
                          f"was trained with; was its config.json edited?")
     rows = {}
     for beam in dict.fromkeys((1, args.beam)):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
-            result = evaluate_translations(run.model, data.test, run.tgt_vocab, beam=beam, batch_size=args.batch_size)
+        result = evaluate_translations(run.model, data.test, run.tgt_vocab, **{**options.kwargs(), "beam": beam},
+                                       batch_size=args.batch_size, bf16=args.amp == "bf16")
         rows["greedy" if beam == 1 else f"beam {beam}"] = result
     summary = {"checkpoint": str(run.source), "translator": run.description, "amp": args.amp,
                "sentences": len(data.test),

@@ -4,6 +4,8 @@
     cap = capture_attention(model, images)          # cap[i]: (B, H, N, N) of block i
     maps = rollout_map(rollout(cap.layers(), num_prefix_tokens=1), cap.layout)  # (B, h, w)
     explore(model, images)                          # the interactive explorer, inline in a notebook
+    probes = read_probes("runs/translate_rnn")      # attention over training, kept by every run
+    probes_figure(probes); probes_page(probes)      # side by side at a few steps; a slider over all of them
 """
 
 from vitscope.inspect.capture import (
@@ -16,6 +18,7 @@ from vitscope.inspect.capture import (
     estimate_bytes,
     token_layout,
 )
+from vitscope.inspect.explorer import explore, write_explorer
 from vitscope.inspect.importance import (
     HeadImportance,
     PruningCurve,
@@ -25,6 +28,8 @@ from vitscope.inspect.importance import (
     pruning_curve,
     rank_heads,
 )
+from vitscope.inspect.plots import write_report
+from vitscope.inspect.probes import Probes, probes_figure, probes_page, read_probes, write_probes_page
 from vitscope.inspect.rollout import fuse_heads, grad_rollout, rollout, rollout_map
 from vitscope.inspect.stats import (
     REGIONS,
@@ -39,22 +44,11 @@ from vitscope.inspect.stats import (
 )
 
 __all__ = [
-    "REGIONS", "AttentionCapture", "CaptureTooLarge", "HeadImportance", "HeadStats", "PruningCurve",
+    "REGIONS", "AttentionCapture", "CaptureTooLarge", "HeadImportance", "HeadStats", "Probes", "PruningCurve",
     "TokenLayout", "ablation_importance", "attention_modules", "capture_attention", "capturing", "cls_maps",
     "entropy", "estimate_bytes", "evaluate", "fuse_heads", "grad_rollout", "gradient_importance",
-    "head_stats", "mean_distance", "patch_distances", "pruning_curve", "query_map", "rank_heads",
+    "head_stats", "mean_distance", "patch_distances", "probes_figure", "probes_page", "pruning_curve", "query_map",
+    "rank_heads", "read_probes", "write_probes_page",
     "region_mass", "rollout", "rollout_map", "token_layout", "explore", "write_explorer", "write_report",
 ]
 
-
-def __getattr__(name):
-    # Pictures and the explorer pull in matplotlib; load them only when asked for.
-    if name == "write_report":
-        from vitscope.inspect.plots import write_report
-
-        return write_report
-    if name in ("explore", "write_explorer"):
-        from vitscope.inspect import explorer
-
-        return getattr(explorer, name)
-    raise AttributeError(f"module 'vitscope.inspect' has no attribute {name!r}")

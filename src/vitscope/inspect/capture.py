@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention
 from vitscope.errors import VitscopeError
+from vitscope.vit import PatchEmbed
 
 # A capture may take this share of the memory the system reports as available.
 DEFAULT_MEMORY_FRACTION = 0.5
@@ -135,8 +136,6 @@ def select_modules(model: nn.Module, layers: int | str | Iterable[int | str] | N
 
 def _vit(model: nn.Module) -> nn.Module | None:
     """The first module (maybe `model` itself) that embeds image patches: a ViT or an encoder."""
-    from vitscope.vit import PatchEmbed
-
     return next((m for m in model.modules() if isinstance(getattr(m, "patch_embed", None), PatchEmbed)), None)
 
 

@@ -16,7 +16,18 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from vitscope.caption import task as captioning
+from vitscope.caption.evaluate import evaluate_captions
+from vitscope.caption.run import CAPTIONER_KEY, write_caption_report
+from vitscope.caption.task import captioner_to_dict, vocab_metadata
+from vitscope.caption.transformer import EncoderSpec
+from vitscope.data import normalize
+from vitscope.sequence.evaluation import evaluating
+from vitscope.sequence.loss import trim_padding
+from vitscope.sequence.vocab import detokenize
 from vitscope.training.config import TrainConfig
+from vitscope.training.curves import plot_curves, read_metrics
+from vitscope.training.probes import PROBES
 from vitscope.training.task import (
     Evaluation,
     Losses,
@@ -50,9 +61,6 @@ class CaptionTask:
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> CaptionTask:
-        from vitscope.caption import task as captioning
-        from vitscope.caption.transformer import EncoderSpec
-
         channels = cfg.model_args.get("in_chans", 3)
         kw = dict(root=cfg.data_dir, image_size=cfg.image_size or 224, channels=channels,
                   captions_file=cfg.captions_file)
@@ -96,8 +104,6 @@ class CaptionTask:
         return x, self.tokens[self.first_row[idx] + pick]  # (B, T)
 
     def loss(self, net, batch, rows, device, bf16):
-        from vitscope.caption.task import trim_padding
-
         x, tokens = batch[0][rows].to(device), trim_padding(batch[1][rows]).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             terms = net(x, tokens)
@@ -106,36 +112,54 @@ class CaptionTask:
 
     def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
         """Every rank decodes the whole split (the figures need every caption; the split is small)."""
-        from vitscope.caption.evaluate import evaluate_captions
-
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                result = evaluate_captions(model, self.eval_set, self.vocab, mean=self.transform.mean,
-                                           std=self.transform.std, beam=self.cfg.eval_beam,
-                                           batch_size=min(self.cfg.eval_batch_size, 256), device=device, bf16=bf16)
-        finally:
-            model.train(was_training)
+        result = evaluate_captions(model, self.eval_set, self.vocab, mean=self.transform.mean,
+                                   std=self.transform.std, beam=self.cfg.eval_beam,
+                                   batch_size=min(self.cfg.eval_batch_size, 256), device=device, bf16=bf16)
         m = result.metrics
         value = m["item_accuracy"] if self.metric is ITEM_ACCURACY else m["cider"]
         return Evaluation(m["loss"], value, row={f"test_{k}": m[k] for k in ROW_METRICS if k in m},
                           detail={"metrics": m, "captions": result.captions})
 
-    def metadata(self) -> dict[str, str]:
-        from vitscope.caption.run import CAPTIONER_KEY
-        from vitscope.caption.task import captioner_to_dict, vocab_metadata
+    # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
+    def probe_rows(self) -> list[int]:
+        """The probed test images: on scenes the busiest of the first 50 (more words looking at more places)."""
+        n = min(len(self.eval_set), 50)
+        if self.eval_set.scenes is None:
+            return list(range(min(n, PROBES // 2)))
+        return sorted(range(n), key=lambda i: (-len(self.eval_set.scenes[i].items), i))[: PROBES // 2]
 
+    def probe_tokens(self) -> Tensor:
+        """Each probed image's first reference caption, (K, T) `<bos>` ... `<eos>` `<pad>`."""
+        return self.vocab.encode_batch([self.eval_set.captions[i][0] for i in self.probe_rows()],
+                                       max_len=self.model.max_len)
+
+    def probe_header(self) -> tuple[dict, Tensor]:
+        rows = self.probe_rows()
+        words = [self.vocab.decode_words(t) for t in self.probe_tokens()]
+        header = {"kind": "caption", "inputs": [{"words": w} for w in words], "grid": list(self.model.grid),
+                  "num_prefix_tokens": self.model.num_prefix_tokens}
+        return header, self.eval_set.images[rows]
+
+    def probe(self, model, *, device, bf16) -> dict[str, Tensor]:
+        """Teacher-forced on each probed image's reference: the transformer's cross-attention (K, T, L, H, N) or
+        the LSTM's alignment (K, T, N), row t for the step that predicts word t + 1."""
+        x = normalize(self.eval_set.images[self.probe_rows()].to(device), self.transform.mean, self.transform.std)
+        tokens = self.probe_tokens().to(device)
+        with evaluating(model), torch.no_grad():
+            memory = model.encode(x)
+            if model.kind == "transformer":
+                _, attention = model.decoder(tokens[:, :-1], memory, return_weights=True)
+            else:
+                _, attention = model.teacher_forced(memory, tokens)
+        return {"attention": attention.float()}
+
+    def metadata(self) -> dict[str, str]:
         return {CAPTIONER_KEY: json.dumps(captioner_to_dict(self.model)), **vocab_metadata(self.vocab),
                 "mean": json.dumps(list(self.transform.mean)), "std": json.dumps(list(self.transform.std)),
                 "dataset": self.cfg.dataset}
 
     def report(self, run_dir: Path, model: nn.Module, result: TrainResult, final: Evaluation) -> None:
         """curves.png, summary.json, caption_attention.png (the per-word figure) and captions.html."""
-        from vitscope.caption.run import write_caption_report
-        from vitscope.caption.vocab import detokenize
-        from vitscope.training.curves import plot_curves, read_metrics
-
         cfg, metric = self.cfg, self.metric
         plot_curves(read_metrics(run_dir / "metrics.jsonl"), run_dir / "curves.png", metric,
                     title=f"{cfg.captioner} captioner ({cfg.model} encoder) on {cfg.dataset}")

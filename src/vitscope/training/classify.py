@@ -15,9 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitscope.data import load_dataset, normalize
 from vitscope.errors import ConfigError
+from vitscope.inspect.capture import capture_attention, token_layout
+from vitscope.inspect.explorer import write_explorer
+from vitscope.inspect.stats import head_stats
+from vitscope.models import create_model
 from vitscope.training.config import TrainConfig
+from vitscope.training.curves import plot_confusion, plot_curves, read_metrics
 from vitscope.training.evaluation import evaluate
+from vitscope.training.probes import PROBES
 from vitscope.training.task import (
     Evaluation,
     Metric,
@@ -28,6 +35,7 @@ from vitscope.training.task import (
     start_weights,
     write_summary,
 )
+from vitscope.weights import pretrained
 
 ACCURACY = Metric("accuracy", "test_acc", train_key="train_acc")
 
@@ -48,10 +56,6 @@ class ClassifyTask:
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> ClassifyTask:
-        from vitscope.data import load_dataset
-        from vitscope.models import create_model
-        from vitscope.weights import pretrained
-
         train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
         eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
         c, h, w = train_set.images.shape[1:]
@@ -111,14 +115,37 @@ class ClassifyTask:
                       flip=self.cfg.eval_flip, shift=shift)
         return Evaluation(ev["loss"], ev["acc"], detail=ev)
 
+    # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
+    def probe_rows(self) -> list[int]:
+        """The probed test images: the first of each of the first PROBES classes."""
+        labels = self.eval_set.labels.tolist()
+        return [labels.index(c) for c in range(len(self.eval_set.classes)) if c in labels][:PROBES]
+
+    def probe_header(self) -> tuple[dict, Tensor]:
+        rows = self.probe_rows()
+        images = self.eval_set.images[rows]
+        layout = token_layout(self.model, images.float())
+        labels = self.eval_set.labels[rows].tolist()
+        header = {"kind": "classify", "inputs": [{"label": self.eval_set.classes[c]} for c in labels],
+                  "grid": list(layout.grid), "num_prefix_tokens": layout.num_prefix_tokens}
+        return header, images
+
+    def probe(self, model, *, device, bf16) -> dict[str, Tensor]:
+        """Each encoder layer's class-token attention over the patches (K, L, H, P), or where the model has no
+        class token the mean attention each patch receives; and each head's mean attention distance (L, H)."""
+        x = normalize(self.eval_set.images[self.probe_rows()].to(device), self.transform.mean, self.transform.std)
+        capture = capture_attention(model, x)
+        stats = head_stats(capture)
+        p = capture.layout.num_prefix_tokens
+        rows = [capture[n][:, :, 0, p:] if p else capture[n].mean(2) for n in stats.names]  # L x (K, H, P)
+        return {"attention": torch.stack(rows, 1), "distance": torch.from_numpy(stats.distance)}
+
     def metadata(self) -> dict[str, str]:
         return {"classes": json.dumps(self.train_set.classes), "mean": json.dumps(list(self.transform.mean)),
                 "std": json.dumps(list(self.transform.std)), "dataset": self.cfg.dataset}
 
     def report(self, run_dir: Path, model: nn.Module, result: TrainResult, final: Evaluation) -> None:
         """curves.png, confusion.png, summary.json and explorer.html."""
-        from vitscope.training.curves import plot_confusion, plot_curves, read_metrics
-
         cfg, classes = self.cfg, self.eval_set.classes
         rows = read_metrics(run_dir / "metrics.jsonl")
         plot_curves(rows, run_dir / "curves.png", self.metric, title=f"{cfg.model} on {cfg.dataset}")
@@ -133,10 +160,6 @@ class ClassifyTask:
             **run_facts(cfg, model, result),
         })
         if cfg.explain_images:
-            try:
-                from vitscope.inspect.explorer import write_explorer
-            except ImportError:
-                return
             n = min(cfg.explain_images, len(self.eval_set))
             write_explorer(model.eval(), self.eval_set.images[:n], run_dir / "explorer.html",
                            labels=self.eval_set.labels[:n].tolist(), class_names=classes,

@@ -15,11 +15,16 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from vitscope.caption.show_attend_tell import ShowAttendTellConfig
+from vitscope.caption.task import CAPTION_DATASETS
+from vitscope.caption.transformer import TransformerCaptionerConfig
 from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
-from vitscope.fields import check_types
+from vitscope.fields import check_types, type_name, type_ok
 from vitscope.training.model_check import check_model, check_params_memory
 from vitscope.training.optim import OptimizerName
+from vitscope.translate.rnn import RNNTranslatorConfig
+from vitscope.translate.transformer import TransformerTranslatorConfig
 
 # torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
 MAX_SEED = 2**32 - 1
@@ -238,7 +243,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
     elif cfg.task == "translate":
         _check_translate(cfg)
     else:
-        from vitscope.caption.task import CAPTION_DATASETS
 
         if cfg.dataset in CAPTION_DATASETS:  # else the data layer's "unknown dataset", with no way forward
             raise ConfigError(f"{cfg.dataset!r} is a captioning dataset: train on it with --task caption "
@@ -252,8 +256,6 @@ def _check_decoder_args(given: dict, config) -> None:
     """Each decoder field of its type and range, before any work: sizes and counts at least 1, dropout a
     probability, other numbers finite and not negative; the width divisible by the heads."""
     import typing
-
-    from vitscope.fields import type_name, type_ok
 
     hints = typing.get_type_hints(config)
     for name, value in given.items():
@@ -284,10 +286,6 @@ def _check_caption(cfg: TrainConfig) -> None:
     that would move what the captions name (a mirror image swaps left and right)."""
     from dataclasses import fields
 
-    from vitscope.caption.show_attend_tell import ShowAttendTellConfig
-    from vitscope.caption.task import CAPTION_DATASETS
-    from vitscope.caption.transformer import TransformerCaptionerConfig
-
     if cfg.dataset not in CAPTION_DATASETS:
         raise ConfigError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
                          f"not {cfg.dataset!r}")
@@ -313,9 +311,6 @@ TRANSLATION_DATASET = "synthetic_pair"
 
 def _check_translate(cfg: TrainConfig) -> None:
     """What a translation run needs: the synthetic pair and decoder fields its translator has."""
-    from vitscope.translate.rnn import RNNTranslatorConfig
-    from vitscope.translate.transformer import TransformerTranslatorConfig
-
     if cfg.dataset != TRANSLATION_DATASET:
         raise ConfigError(f"--task translate trains on the synthetic language pair (--dataset {TRANSLATION_DATASET}), "
                          f"not {cfg.dataset!r}")

@@ -40,11 +40,12 @@ from vitscope.training.checkpointing import (
 )
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
+from vitscope.training.probes import ProbeLog, write_probe_report
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
 from vitscope.training.task import Evaluation, TrainResult
-from vitscope.weights.checkpoints import save_model
+from vitscope.weights.checkpoints import read_metadata, save_model
 
 # evaluate: the classifier's, for `vitscope eval` and the tests
 __all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]
@@ -86,8 +87,6 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
     """The config fields that differ from the ones the checkpoint was trained with (its weights' metadata);
     fields one side lacks (a run from before the field existed) are not compared."""
-    from vitscope.weights.checkpoints import read_metadata
-
     try:
         saved = json.loads(read_metadata(found.weights).get("train_config", "{}"))
     except (OSError, ValueError):
@@ -180,6 +179,25 @@ class _Training:
         self.ev_step = -1
         self.bar = tqdm(total=self.total, initial=at.step, disable=not (progress and info.is_main), unit="step",
                         dynamic_ncols=True, desc=f"train {self.task.label}")
+        self.probes = self.open_probes(found)
+
+    # -- probes: the attention of a few fixed inputs at every evaluation ------------------------------------------
+    def open_probes(self, found: Checkpoint | None) -> ProbeLog | None:
+        """The run's probes file (the main process's), taken up where a resumed run's checkpoint left it."""
+        ask = getattr(self.task, "probe_header", None)
+        header = ask() if ask is not None and self.info.is_main else None
+        if header is None:
+            return None
+        log = ProbeLog(self.run_dir, *header)
+        if found is not None:
+            log.load(found.step)
+        return log
+
+    def probe(self, epoch: float) -> None:
+        """Keep the probed inputs' attention at this step (the EMA weights where the run keeps them)."""
+        if self.probes is not None and not self.probes.has(self.at.step):
+            self.probes.record(self.at.step, epoch, self.task.probe(self.s.ema or self.s.model, device=self.s.device,
+                                                                    bf16=self.s.bf16))
 
     # -- one step, one evaluation ---------------------------------------------------------------------------
     def step(self, idx: Tensor, epoch: int) -> None:
@@ -228,6 +246,7 @@ class _Training:
         if ev is None:
             return False
         self.ev, self.ev_step = ev, at.step
+        self.probe(epoch)
         count = max(at.epoch_count, 1)
         row = {"epoch": epoch, "step": at.step, "lr": lr_at(at.step - 1, self.total, self.warmup, self.cfg),
                "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
@@ -294,6 +313,8 @@ class _Training:
     def loop(self, end: int) -> str:
         """Train to step `end`; "finished", or "signal" when one stopped the run (its checkpoint saved)."""
         at, spe, cfg = self.at, self.steps_per_epoch, self.cfg
+        if at.step == 0:
+            self.probe(0)  # the attention before any training: where the curves start
         if at.step % spe == 0 and at.epoch_count and not self.make_up_epoch_end():
             return self.stop()
         while at.step < end:
@@ -381,6 +402,8 @@ class _Training:
         if self.info.is_main and final is not None and at.step >= self.total:
             try:
                 self.task.report(self.run_dir, self.s.model, result, final)
+                if self.probes is not None:
+                    write_probe_report(self.run_dir, title=f"{self.task.label}: attention over training")
             except OSError as e:  # the run itself is whole: say which file, and how to write the report again
                 kept = f"the checkpoint of step {self.last.step} is kept" if self.last is not None else "no checkpoint"
                 raise CheckpointError(f"could not write the run's report: {e.strerror or e} ({e.filename}); {kept}. "

@@ -8,6 +8,8 @@ import math
 import os
 
 from vitscope.errors import ConfigError
+from vitscope.models import get_config
+from vitscope.vit import ViTConfig
 
 _POSITIVE_INTS = ("patch_size", "embed_dim", "depth", "num_heads", "in_chans")
 _PROBABILITIES = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
@@ -17,9 +19,6 @@ def check_model(cfg) -> None:
     """For a TrainConfig `cfg` (not annotated: its module imports this one): the preset exists, each
     `model_args` field is a ViTConfig field of its type and range, and a training step at `image_size` fits in
     this machine's memory."""
-    from vitscope.models import get_config
-    from vitscope.vit import ViTConfig
-
     base = get_config(cfg.model).to_dict()  # an unknown preset: its own message, with close names
     known = set(ViTConfig.__dataclass_fields__)
     unknown = sorted(set(cfg.model_args) - known)

@@ -34,7 +34,7 @@ LOCK = ".vitscope.lock"
 # Files a training writes; the first ones mark a directory as holding a run.
 RUN_MARKERS = ("config.json", "metrics.jsonl", MANIFEST, LAST, "best.safetensors", "summary.json", LEGACY_STATE)
 RUN_FILES = (*RUN_MARKERS, LEGACY_EMA, "curves.png", "confusion.png", "explorer.html", "caption_attention.png",
-             "captions.html")
+             "captions.html", "probes.safetensors", "probes.png", "probes.html")
 
 
 class RunDirError(VitscopeError):

@@ -4,7 +4,6 @@ A task is one kind of training (classify: training/classify.py; caption: trainin
 data, its model, its loss, its evaluation, the metric the evaluation is judged by and the report of a
 finished run. The loop owns everything else (order, optimizer, schedule, checkpoints, resume, DDP, signals,
 the NaN stop, the run directory):
-
     task = ClassifyTask.build(cfg, resume=False)              # data loaded, model built (seeded by cfg.seed)
     order = epoch_order(task.train_size, seed, epoch)         # the loop's, for every task
     batch = task.batch(order[i * B : (i + 1) * B], gen)       # the whole global batch, on the CPU
@@ -27,6 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from vitscope.errors import ConfigError
+from vitscope.io import atomic_write
+from vitscope.kernels import allocator
 from vitscope.training import distributed as D
 from vitscope.training.config import TrainConfig
 
@@ -149,8 +150,6 @@ def run_facts(cfg: TrainConfig, model: nn.Module, result: TrainResult) -> dict:
     """The part of summary.json every task writes: how long, how fast, how big, and on what."""
     import numpy as np
 
-    from vitscope.kernels import allocator
-
     return {
         "train_time_s": round(result.train_time_s, 1), "images_per_s": round(result.images_per_s, 1),
         "parameters": sum(p.numel() for p in model.parameters()), "epochs": cfg.epochs, "seed": cfg.seed,
@@ -161,6 +160,4 @@ def run_facts(cfg: TrainConfig, model: nn.Module, result: TrainResult) -> dict:
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    from vitscope.io import atomic_write
-
     atomic_write(run_dir / "summary.json", lambda tmp: Path(tmp).write_text(json.dumps(summary, indent=2)))

@@ -14,7 +14,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from vitscope.sequence.evaluation import evaluating
+from vitscope.sequence.loss import trim_padding
 from vitscope.training.config import TrainConfig
+from vitscope.training.curves import plot_curves, read_metrics
+from vitscope.training.probes import PROBES
 from vitscope.training.task import (
     Evaluation,
     Losses,
@@ -25,6 +29,10 @@ from vitscope.training.task import (
     run_facts,
     write_summary,
 )
+from vitscope.translate.data import ParallelData, build_translator, describe
+from vitscope.translate.evaluate import evaluate_translations, teacher_forced
+from vitscope.translate.language import make_pair
+from vitscope.translate.run import pick_sentence, translation_metadata, write_translation_report
 
 EXACT_MATCH = Metric("exact match", "test_exact_match")
 ROW_METRICS = ("token_accuracy", "bleu4", "alignment", "alignment_best_head")
@@ -41,9 +49,6 @@ class TranslateTask:
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> TranslateTask:
-        from vitscope.translate.data import ParallelData, build_translator
-        from vitscope.translate.language import make_pair
-
         pair = make_pair(cfg.seed, train_size=cfg.train_sentences, test_size=cfg.test_sentences,
                          max_words=cfg.max_words)
         data = ParallelData.build(pair)
@@ -54,8 +59,6 @@ class TranslateTask:
 
     @property
     def label(self) -> str:
-        from vitscope.translate.data import describe
-
         return describe(self.model)
 
     @property
@@ -70,9 +73,7 @@ class TranslateTask:
         return self.data.train.src[idx], self.data.train.tgt[idx]
 
     def loss(self, net, batch, rows, device, bf16):
-        from vitscope.translate.evaluate import trim
-
-        src, tgt = trim(batch[0][rows], batch[1][rows])
+        src, tgt = trim_padding(batch[0][rows]), trim_padding(batch[1][rows])
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             terms = net(src.to(device), tgt.to(device))
         targets = int(terms["targets"])
@@ -81,27 +82,41 @@ class TranslateTask:
 
     def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
         """Every rank translates the whole test split (it is small)."""
-        from vitscope.translate.evaluate import evaluate_translations
-
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            result = evaluate_translations(model, self.data.test, self.data.tgt_vocab, beam=self.cfg.eval_beam,
-                                           batch_size=min(self.cfg.eval_batch_size, 500), device=device)
+        result = evaluate_translations(model, self.data.test, self.data.tgt_vocab, beam=self.cfg.eval_beam,
+                                       batch_size=min(self.cfg.eval_batch_size, 500), device=device, bf16=bf16)
         m = result.metrics
         row = {f"test_{k}": m[k] for k in ROW_METRICS if m.get(k) is not None}
         return Evaluation(m["loss"], m["exact_match"], row=row,
                           detail={"metrics": m, "translations": result.translations, "by_length": result.by_length})
 
-    def metadata(self) -> dict[str, str]:
-        from vitscope.translate.run import translation_metadata
+    # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
+    def probe_rows(self) -> list[int]:
+        """The probed test sentences: the report's (long, with reordering), then the first others."""
+        first = pick_sentence(self.data)
+        return [first, *[i for i in range(len(self.data.test)) if i != first][: PROBES - 1]]
 
+    def probe_header(self) -> tuple[dict, None] | None:
+        """None for the RNN without attention: it has none to watch."""
+        if not self.model.has_attention:
+            return None
+        examples = [self.data.test.examples[i] for i in self.probe_rows()]
+        return {"kind": "translate", "inputs": [{"source": list(e.source), "target": list(e.target)}
+                                                for e in examples]}, None
+
+    def probe(self, model, *, device, bf16) -> dict[str, Tensor]:
+        """Teacher-forced on each probed sentence's reference: the RNN's attention (K, T, N) or every decoder
+        block's cross-attention (K, T, L, H, N), row t for the step that writes target word t."""
+        rows = self.probe_rows()
+        src, tgt = trim_padding(self.data.test.src[rows]), trim_padding(self.data.test.tgt[rows])
+        with evaluating(model), torch.no_grad():
+            _, attention = teacher_forced(model, src.to(device), tgt.to(device))
+        return {"attention": attention.float()}
+
+    def metadata(self) -> dict[str, str]:
         return translation_metadata(self.model, self.data)
 
     def report(self, run_dir: Path, model: nn.Module, result: TrainResult, final: Evaluation) -> None:
         """curves.png, summary.json, alignment.png (the lecture's heatmap) and translations.html."""
-        from vitscope.training.curves import plot_curves, read_metrics
-        from vitscope.translate.data import describe
-        from vitscope.translate.run import write_translation_report
-
         cfg, name = self.cfg, describe(model)
         plot_curves(read_metrics(run_dir / "metrics.jsonl"), run_dir / "curves.png", self.metric,
                     title=f"{name} on the synthetic language pair")

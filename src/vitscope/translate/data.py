@@ -5,7 +5,7 @@
     data.train.gold (S, T-1) the source position of target word t (row t predicts tgt[:, t+1]), -1 elsewhere
     model = build_translator("rnn", data, {"hidden_dim": 128})
 
-Both vocabularies are built from the training sentences only (vitscope.caption.vocab.Vocabulary, with its
+Both vocabularies are built from the training sentences only (vitscope.sequence.vocab.Vocabulary, with its
 `<pad>` `<bos>` `<eos>` `<unk>` ids, so captioning's decoding reads the translators' output as it reads captions').
 """
 
@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitscope.caption.vocab import PAD, Vocabulary
 from vitscope.errors import ConfigError, InputError
+from vitscope.sequence.vocab import PAD, Vocabulary
 from vitscope.translate.language import Example, LanguagePair
 from vitscope.translate.rnn import RNNTranslator, RNNTranslatorConfig
 from vitscope.translate.transformer import TransformerTranslator, TransformerTranslatorConfig

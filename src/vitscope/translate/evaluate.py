@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from vitscope.caption.decoding import decode
-from vitscope.caption.vocab import PAD
+from vitscope.sequence.decoding import decode
+from vitscope.sequence.evaluation import evaluating
+from vitscope.sequence.loss import masked_xent, trim_padding
+from vitscope.sequence.vocab import PAD
 from vitscope.translate.data import ParallelSplit
 from vitscope.translate.metrics import accuracy_by_length, alignment_accuracy, bleu4, exact_match, token_accuracy
 
@@ -27,13 +29,6 @@ class TranslationEvaluation:
     by_length: dict[int, tuple[float, int]] = field(default_factory=dict)
 
 
-def trim(src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
-    """Drop the columns that are pads in every row."""
-    n = int((src != PAD).sum(1).max())
-    t = int((tgt != PAD).sum(1).max())
-    return src[:, :n], tgt[:, :t]
-
-
 def teacher_forced(model: nn.Module, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
     """Logits (B, T-1, V) and attention (B, T-1, N) for the RNN, (B, T-1, L, H, N) for the transformer."""
     if model.kind == "transformer":
@@ -43,32 +38,30 @@ def teacher_forced(model: nn.Module, src: Tensor, tgt: Tensor) -> tuple[Tensor, 
 
 @torch.no_grad()
 def evaluate_translations(model: nn.Module, split: ParallelSplit, tgt_vocab, *, beam: int = 1,
-                          batch_size: int = 500, device: torch.device | None = None) -> TranslationEvaluation:
-    """Every sentence of `split` translated (beam 1: greedy) and scored; the model is put in eval mode."""
-    import torch.nn.functional as F
-
+                          batch_size: int = 500, max_len: int | None = None, length_penalty: float = 0.0,
+                          no_repeat_ngram_size: int = 0, device: torch.device | None = None,
+                          bf16: bool = False) -> TranslationEvaluation:
+    """Every sentence of `split` translated (beam 1: greedy; the other settings as `vitscope.sequence.decode`'s)
+    and scored, as `evaluate_captions` scores a caption split: the model in eval mode (and back), no gradients,
+    bfloat16 autocast with `bf16`."""
     device = device or torch.device("cpu")
-    was_training = model.training
-    model.eval()
     translations, loss_sum, words, hits, scored = [], 0.0, 0, None, 0
-    try:
+    with evaluating(model), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         for s in range(0, len(split), batch_size):
-            src, tgt = trim(split.src[s : s + batch_size].to(device), split.tgt[s : s + batch_size].to(device))
+            src = trim_padding(split.src[s : s + batch_size].to(device))
+            tgt = trim_padding(split.tgt[s : s + batch_size].to(device))
             gold = split.gold[s : s + batch_size, : tgt.shape[1] - 1].to(device)
             logits, att = teacher_forced(model, src, tgt)
-            real = tgt[:, 1:] != PAD
-            loss_sum += float(F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=PAD,
-                                              reduction="sum"))
-            words += int(real.sum())
+            loss_sum += float(masked_xent(logits, tgt, reduction="sum"))
+            words += int((tgt[:, 1:] != PAD).sum())
             if model.has_attention:
                 n = int((gold >= 0).sum())
                 acc = alignment_accuracy(att.float(), gold) * n  # hits, per layer and head for the transformer
                 hits = acc if hits is None else hits + acc
                 scored += n
-            out = decode(model, memory=model.encode(src), memory_padding=src == PAD, beam=beam)
+            out = decode(model, memory=model.encode(src), memory_padding=src == PAD, beam=beam, max_len=max_len,
+                         length_penalty=length_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
             translations += [tgt_vocab.decode_words(t) for t in out.tokens]
-    finally:
-        model.train(was_training)
     references = [list(e.target) for e in split.examples]
     metrics = {"loss": loss_sum / max(words, 1), "exact_match": exact_match(translations, references),
                "token_accuracy": token_accuracy(translations, references), "bleu4": bleu4(translations, references),
@@ -81,5 +74,6 @@ def evaluate_translations(model: nn.Module, split: ParallelSplit, tgt_vocab, *, 
             metrics["alignment_per_head"] = per.tolist()
             metrics["alignment_best_head"] = [layer, head]
             metrics["alignment_mean_heads"] = per.mean(1).tolist()
+    metrics.update(beam=beam, length_penalty=length_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
     by_length = accuracy_by_length(translations, references, [len(e.source) for e in split.examples])
     return TranslationEvaluation(metrics, translations, by_length)

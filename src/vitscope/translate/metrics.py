@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from vitscope.caption.metrics import corpus_bleu
+from vitscope.sequence.bleu import corpus_bleu
 
 Words = Sequence[str]
 

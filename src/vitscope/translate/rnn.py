@@ -13,8 +13,8 @@ sentence (the bottleneck of Cho et al. 2014 that attention removed).
 The attention's query is the state after reading the previous word (Luong et al.'s order; Bahdanau's queries
 with s_{t-1}): the word just written is then part of the question "which source word is next?". Training and
 decoding run the same `_step`, so teacher-forced logits equal the step-by-step ones. The step interface is
-vitscope.caption.decoding's: `start(memory, padding)`, `step`, `reorder`, `extend`, so greedy and beam search
-are captioning's own.
+vitscope.sequence.decoding's: `start(memory, padding)`, `step`, `reorder`, `extend`, so greedy and beam search
+are the ones captioning uses.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from vitscope.attention import AdditiveAttention
-from vitscope.caption.transformer import param_groups
-from vitscope.caption.vocab import BOS, PAD
 from vitscope.fields import check_decoder_sizes
+from vitscope.sequence.loss import sequence_losses
+from vitscope.sequence.vocab import BOS, PAD
+from vitscope.vit import param_groups
 
 
 @dataclass
@@ -133,7 +133,7 @@ class RNNTranslator(nn.Module):
         logits = self.head(self.drop(torch.tanh(self.out(torch.cat([s, context, e], -1)))))  # (R, V)
         return logits, alpha, RNNState(state.memory, state.keys, state.keep, state.summary, s, context, state.tokens)
 
-    # -- the step interface (vitscope.caption.decoding) ----------------------------------------------------
+    # -- the step interface (vitscope.sequence.decoding) ----------------------------------------------------
     def start(self, memory: Tensor, memory_padding: Tensor | None = None, *, use_cache: bool = True,
               bos: int = BOS, beams: int = 1) -> RNNState:
         """`beams` rows per sentence (R = B·beams) sharing its memory; `use_cache` is accepted for a common
@@ -178,16 +178,4 @@ class RNNTranslator(nn.Module):
     def losses(self, src: Tensor, tgt: Tensor) -> dict[str, Tensor]:
         """{'loss', 'xent', 'correct', 'targets'}: the mean cross-entropy over real target words."""
         logits, _ = self(src, tgt)
-        return teacher_forced_losses(logits, tgt, self.config.label_smoothing)
-
-
-def teacher_forced_losses(logits: Tensor, tgt: Tensor, label_smoothing: float) -> dict[str, Tensor]:
-    """Cross-entropy of logits (B, T-1, V) against tgt[:, 1:] with pads left out, and the count of real targets
-    the argmax gets right."""
-    targets = tgt[:, 1:]
-    xent = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=PAD,
-                           label_smoothing=label_smoothing)
-    real = targets != PAD
-    with torch.no_grad():
-        correct = ((logits.argmax(-1) == targets) & real).sum()
-    return {"loss": xent, "xent": xent, "correct": correct, "targets": real.sum()}
+        return sequence_losses(logits, tgt, label_smoothing=self.config.label_smoothing)

@@ -17,9 +17,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitscope.caption.decoding import decode
-from vitscope.caption.vocab import PAD, Vocabulary
 from vitscope.errors import InputError
+from vitscope.inspect.translate_explorer import translate_explorer_data, write_translate_page
+from vitscope.kernels import apply
+from vitscope.sequence.decoding import decode
+from vitscope.sequence.loss import trim_padding
+from vitscope.sequence.vocab import PAD, Vocabulary
 from vitscope.translate.data import (
     ParallelData,
     describe,
@@ -27,6 +30,10 @@ from vitscope.translate.data import (
     translator_from_dict,
     translator_to_dict,
 )
+from vitscope.translate.evaluate import teacher_forced
+from vitscope.translate.metrics import alignment_accuracy
+from vitscope.translate.plots import alignment_figure
+from vitscope.weights.checkpoints import checkpoint_metadata, find_checkpoint, read_metadata
 from vitscope.weights.files import TRANSLATOR_KEY, check_finite, load_checked
 
 SOURCE_VOCAB_KEY = "vitscope.translate.source_vocab"
@@ -61,12 +68,15 @@ class TranslatorRun:
         return describe(self.model)
 
     @torch.no_grad()
-    def translate(self, sentences: Sequence[Sequence[str]], *, beam: int = 1) -> list[Translation]:
-        """Each sentence (a list of words) translated; an unknown word or an empty sentence is an InputError."""
+    def translate(self, sentences: Sequence[Sequence[str]], *, beam: int = 1, max_len: int | None = None,
+                  length_penalty: float = 0.0, no_repeat_ngram_size: int = 0) -> list[Translation]:
+        """Each sentence (a list of words) translated, decoding as `vitscope.sequence.decode` does with these
+        settings; an unknown word or an empty sentence is an InputError."""
         out = []
         for words in sentences:
             src = encode_source(list(words), self.src_vocab, self.max_words)
-            d = decode(self.model, memory=self.model.encode(src), memory_padding=src == PAD, beam=beam)
+            d = decode(self.model, memory=self.model.encode(src), memory_padding=src == PAD, beam=beam,
+                       max_len=max_len, length_penalty=length_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
             target = self.tgt_vocab.decode_words(d.tokens[0])
             out.append(Translation(list(words), target, d.attention[0, : len(target) + 1], float(d.score[0])))
         return out
@@ -74,17 +84,14 @@ class TranslatorRun:
 
 def is_translation_checkpoint(source: str | Path) -> bool:
     """Whether `source` (a run directory or a .safetensors file) holds a translator."""
-    from vitscope.weights.checkpoints import checkpoint_metadata
-
     meta = checkpoint_metadata(source)
     return meta is not None and TRANSLATOR_KEY in meta
 
 
-def open_translator(source: str | Path) -> TranslatorRun:
-    """The translator `source` (a run directory or its .safetensors file) holds, in eval mode."""
+def open_translator(source: str | Path, *, kernels: bool = False) -> TranslatorRun:
+    """The translator `source` (a run directory or its .safetensors file) holds, in eval mode; with `kernels`,
+    vitscope's CPU kernels swapped in (as `open_captioner` and `open_model` do)."""
     from safetensors.torch import load_file
-
-    from vitscope.weights.checkpoints import find_checkpoint, read_metadata
 
     ckpt = find_checkpoint(source)
     meta = read_metadata(ckpt) if ckpt.suffix == ".safetensors" else {}
@@ -95,6 +102,8 @@ def open_translator(source: str | Path) -> TranslatorRun:
     state = load_file(str(ckpt))
     load_checked(model, state, str(ckpt))
     check_finite(state, str(ckpt))
+    if kernels:
+        apply(model)
     return TranslatorRun(model.eval(), Vocabulary.from_json(meta[SOURCE_VOCAB_KEY]),
                          Vocabulary.from_json(meta[TARGET_VOCAB_KEY]), int(meta["max_words"]),
                          json.loads(meta.get("train_config", "{}")), ckpt)
@@ -103,10 +112,8 @@ def open_translator(source: str | Path) -> TranslatorRun:
 # -- the report of a finished run ------------------------------------------------------------------------------
 def teacher_forced_attention(model: nn.Module, data: ParallelData, index: int) -> torch.Tensor:
     """One test sentence's attention on its reference translation, (T, N) or (T, L, H, N), <eos>'s row left out."""
-    from vitscope.translate.evaluate import teacher_forced, trim
-
     e = data.test.examples[index]
-    src, tgt = trim(data.test.src[index : index + 1], data.test.tgt[index : index + 1])
+    src, tgt = trim_padding(data.test.src[index : index + 1]), trim_padding(data.test.tgt[index : index + 1])
     with torch.no_grad():
         _, att = teacher_forced(model.eval(), src, tgt)
     return att[0, : len(e.target)]
@@ -114,8 +121,6 @@ def teacher_forced_attention(model: nn.Module, data: ParallelData, index: int) -
 
 def best_head(attention: torch.Tensor, gold: torch.Tensor) -> tuple[int, int]:
     """The (layer, head) of a transformer whose attention (T, L, H, N) peaks on the gold words most often."""
-    from vitscope.translate.metrics import alignment_accuracy
-
     per = alignment_accuracy(attention[None], gold[None])
     return divmod(int(per.argmax()), per.shape[1])
 
@@ -134,9 +139,6 @@ def write_translation_report(run_dir: Path, model: nn.Module, data: ParallelData
                              title: str) -> list[Path]:
     """alignment.png (one test sentence's heatmap, teacher-forced on the reference; a transformer's best head)
     and translations.html (the explorer over `sentences` test sentences, greedy translations)."""
-    from vitscope.inspect.translate_explorer import translate_explorer_data, write_translate_page
-    from vitscope.translate.plots import alignment_figure
-
     written = []
     if model.has_attention:
         i = pick_sentence(data)

@@ -4,10 +4,10 @@ cross-attending to it.
     src (B, N) -> embedding + learned positions -> EncoderBlock x depth (padding-masked) -> LayerNorm -> memory
     <bos> y1 y2 ... (B, T) -> TransformerDecoder(masked self-attention, cross-attention over memory) -> logits
 
-The encoder block is the ViT's (vit.Block) with a padding mask passed to its attention: source sentences
-differ in length, images do not. Every attention here is vitscope.attention.MultiHeadAttention. Decoding is
-the transformer captioner's step interface, which uses only `self.decoder` (its key/value caches, one memory
-row per sentence shared by its beams).
+The encoder block is the ViT's pre-norm block (vit.Block's layout, with vit.Mlp) with a padding mask passed to its
+attention: source sentences differ in length, images do not. Every attention here is
+vitscope.attention.MultiHeadAttention. Decoding goes through the steps every TransformerDecoder model inherits
+(`vitscope.sequence.steps.DecoderSteps`): key/value caches, one memory row per sentence shared by its beams.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from dataclasses import asdict, dataclass
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention, key_padding_mask
-from vitscope.caption.transformer import TransformerCaptioner, param_groups
-from vitscope.caption.vocab import PAD
 from vitscope.decoder import TransformerDecoder
 from vitscope.errors import ConfigError
 from vitscope.fields import check_decoder_sizes
 from vitscope.positional import LearnedPositionalEmbedding
-from vitscope.translate.rnn import teacher_forced_losses
-from vitscope.vit import Mlp
+from vitscope.sequence.loss import sequence_losses
+from vitscope.sequence.steps import DecoderSteps
+from vitscope.sequence.vocab import PAD
+from vitscope.vit import Mlp, param_groups
 
 
 @dataclass
@@ -69,7 +69,7 @@ class EncoderBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class TransformerTranslator(nn.Module):
+class TransformerTranslator(DecoderSteps, nn.Module):
     kind = "transformer"
     has_attention = True
 
@@ -109,15 +109,4 @@ class TransformerTranslator(nn.Module):
         return self.decoder(tgt[:, :-1], memory, context_padding_mask=src == PAD, return_weights=return_weights)
 
     def losses(self, src: Tensor, tgt: Tensor) -> dict[str, Tensor]:
-        return teacher_forced_losses(self(src, tgt), tgt, self.config.label_smoothing)
-
-    def decode_with_attention(self, tokens: Tensor, memory: Tensor, *, caches=None,
-                              memory_padding: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """tokens (R, T) (only the new ones with `caches`) -> logits (R, T, V), weights (R, T, L, H, N)."""
-        return self.decoder(tokens, memory, context_padding_mask=memory_padding, caches=caches, return_weights=True)
-
-    # the step interface (vitscope.caption.decoding): the captioner's, which reads only self.decoder
-    start = TransformerCaptioner.start
-    step = TransformerCaptioner.step
-    extend = TransformerCaptioner.extend
-    reorder = TransformerCaptioner.reorder
+        return sequence_losses(self(src, tgt), tgt, label_smoothing=self.config.label_smoothing)

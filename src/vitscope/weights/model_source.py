@@ -16,8 +16,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitscope.data import dataset_options, load_dataset
 from vitscope.errors import InputError
+from vitscope.kernels import apply
+from vitscope.models import create_model, get_config, list_models
 from vitscope.vit import VisionTransformer
+from vitscope.weights.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
+from vitscope.weights.files import CAPTIONER_KEY, TRANSLATOR_KEY, VOCAB_KEY, check_finite, read_tensors, strip_prefix
+from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
 
 
 @dataclass
@@ -37,7 +43,6 @@ def open_model(source: str | Path, *, kernels: bool = False) -> tuple[VisionTran
     with `kernels`, vitscope's CPU kernels swapped in (vitscope.kernels.apply)."""
     model, info = _open(source)
     if kernels:
-        from vitscope.kernels import apply
 
         apply(model)
     return model, info
@@ -45,7 +50,6 @@ def open_model(source: str | Path, *, kernels: bool = False) -> tuple[VisionTran
 
 def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
     model, info = _open_unchecked(source)
-    from vitscope.weights.files import check_finite
 
     check_finite(model.state_dict(), info.source)
     if len(info.classes) != model.num_classes:
@@ -55,11 +59,6 @@ def _open(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
 
 
 def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
-    from vitscope.models import create_model, list_models
-    from vitscope.weights.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
-    from vitscope.weights.files import CAPTIONER_KEY, TRANSLATOR_KEY, VOCAB_KEY
-    from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
-
     path = Path(source)
     if not path.exists() and has_weights(str(source)):
         file = weights_file(str(source))
@@ -95,8 +94,6 @@ def load_data(model: VisionTransformer, info: ModelInfo, name: str, split: str |
     """(one split of dataset `name` as `model` reads it, that split's name): image folders and Pets decoded to
     its channels and (square) size, and for the run's own dataset the run's files and evaluation split where
     none are given."""
-    from vitscope.data import dataset_options, load_dataset
-
     run = info.train_config if name == info.dataset else {}
     split = split or run.get("eval_split") or "test"
     h, w = model.patch_embed.img_size
@@ -109,8 +106,6 @@ def load_data(model: VisionTransformer, info: ModelInfo, name: str, split: str |
 def _head_count_hint(ckpt: Path, meta: dict[str, str]) -> dict:
     """The number of heads, which a timm state dict does not show: from the constructor arguments a file may
     carry in its metadata (`config`), else from the preset of the same width, depth and patch size."""
-    from vitscope.models import get_config, list_models
-
     try:
         args = json.loads(meta.get("config", "{}"))
     except json.JSONDecodeError:
@@ -132,8 +127,6 @@ def _head_count_hint(ckpt: Path, meta: dict[str, str]) -> dict:
 def _shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     """Each tensor's shape under timm's names; a safetensors file is read for its header only."""
     from safetensors import safe_open
-
-    from vitscope.weights.files import read_tensors, strip_prefix
 
     if ckpt.suffix == ".safetensors":
         with safe_open(str(ckpt), framework="pt") as f:

@@ -24,8 +24,10 @@ from pathlib import Path
 from torch import Tensor
 
 from vitscope.errors import VitscopeError
-from vitscope.io import atomic_write
+from vitscope.io import atomic_write, data_root
 from vitscope.vit import VisionTransformer
+from vitscope.weights.checkpoints import load_timm_state_dict
+from vitscope.weights.files import as_state_dict, strip_prefix
 
 # vitscope preset -> the pretrained tag timm loads for it by default (ImageNet-21k, fine-tuned on 1k)
 TIMM_WEIGHTS = {
@@ -55,8 +57,6 @@ def weights_url(name: str) -> str:
 
 def weights_file(name: str, *, progress: bool = True, opener: Callable | None = None) -> Path:
     """The preset's checkpoint in the cache, downloaded first if it is not there."""
-    from vitscope.io import data_root
-
     path = data_root() / "weights" / f"{_tag(name)}.safetensors"
     if path.is_file():
         return path
@@ -125,9 +125,6 @@ def adapt_input_channels(weight: Tensor, in_chans: int) -> Tensor:
 def load_pretrained(model: VisionTransformer, source: str | Path | dict[str, Tensor]) -> VisionTransformer:
     """Load a timm checkpoint (a file or a state dict) into `model`, adapting the head, the input channels
     and the position table where the model's shape differs; every other tensor must match exactly."""
-    from vitscope.weights.checkpoints import load_timm_state_dict
-    from vitscope.weights.files import as_state_dict, strip_prefix
-
     sd = strip_prefix(as_state_dict(source))
     own = model.state_dict()
     for key in ("head.weight", "head.bias"):

@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitscope.caption.vocab import BOS, EOS, PAD, Vocabulary
 from vitscope.errors import ConfigError
+from vitscope.sequence.vocab import BOS, EOS, PAD, Vocabulary
 
 
 class StepModel(Protocol):
@@ -89,6 +89,40 @@ class Decoded:
 
     def captions(self, vocab: Vocabulary) -> list[str]:
         return [vocab.decode(t) for t in self.tokens]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode, as `vitscope caption`, `vitscope translate` and `vitscope eval` take it from their flags:
+    beam size (1: greedy), the longest output in tokens with `<bos>` (None: the decoder's positions), the length
+    penalty and the n-gram size never repeated (0: off). Checked when made, and against a model by `check`."""
+
+    beam: int = 1
+    max_len: int | None = None
+    length_penalty: float = 0.0
+    no_repeat_ngram_size: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.beam, bool) or not isinstance(self.beam, int) or self.beam < 1:
+            raise ConfigError(f"beam size must be a whole number of at least 1, got {self.beam!r}")
+        if self.max_len is not None and self.max_len < 2:
+            raise ConfigError(f"max_len must leave room for <bos> and one token, got {self.max_len}")
+        if not math.isfinite(self.length_penalty):
+            raise ConfigError(f"length penalty {self.length_penalty} is not a finite number; give one such as 0 "
+                              f"(rank by summed log-probability) or 1 (by log-probability per token)")
+        if self.no_repeat_ngram_size < 0:
+            raise ConfigError(f"no_repeat_ngram_size must be 0 (off) or more, got {self.no_repeat_ngram_size}")
+
+    def check(self, model: StepModel) -> None:
+        """Before any work: a maximum length the model's decoder positions hold."""
+        if self.max_len is not None and self.max_len > model.max_len:
+            raise ConfigError(f"--max-len {self.max_len}: the decoder has {model.max_len} positions (<bos> included), "
+                              f"so outputs can be 2 to {model.max_len} tokens long; choose one in that range")
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of `decode`."""
+        return {"beam": self.beam, "max_len": self.max_len, "length_penalty": self.length_penalty,
+                "no_repeat_ngram_size": self.no_repeat_ngram_size}
 
 
 def _check(model: StepModel, max_len: int, beam: int = 1, length_penalty: float = 0.0) -> None:

@@ -30,7 +30,7 @@ from vitscope.errors import ConfigError, InputError
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
-FORMAT = "vitscope.caption.vocab/1"
+FORMAT = "vitscope.caption.vocab/1"  # the name it was first written under: saved checkpoints carry it
 # The most words a built vocabulary may hold. COCO's training captions hold tens of thousands of
 # distinct words; a vocabulary past this is a broken caption file (each word an output row and an
 # embedding row: 200,000 words took 2.1 GB), so it is refused with the min_count that fits.

@@ -1,0 +1,300 @@
+"""Attention over training: what a run's probes kept, read back, drawn side by side and explored with a slider.
+
+A training run keeps, at every evaluation (and at step 0, before the first step), the attention of a few fixed
+inputs in `probes.safetensors` beside its metrics (vitscope.training.probes writes it):
+
+    translate  a few test sentences, teacher-forced on their reference: attention (K, T, N), or (K, T, L, H, N)
+               for a transformer, row t for the step that wrote target word t
+    caption    a few test scenes, teacher-forced on a reference caption: cross-attention (K, T, L, H, N) for the
+               transformer, the LSTM's alignment (K, T, N); N the image's tokens, prefix tokens first
+    classify   a few test images: each layer's class-token attention over the patches (K, L, H, P) (the mean
+               attention each patch receives where the model has no class token) and each head's mean
+               attention distance (L, H), as the ViT paper's Figure 7 measures it (vitscope.inspect.stats)
+
+    probes = read_probes("runs/translate_rnn")    # or the .safetensors file itself
+    probes.steps                                  # [0, 120, 240, ...]
+    probes.attention(step)                        # the tensor kept at that step
+    probes_figure(probes)                         # the alignment at a few steps, side by side (a Figure)
+    probes_page(probes)                           # the page with a slider over the steps (inline in Jupyter)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open
+from torch import Tensor
+
+from vitscope.errors import InputError
+from vitscope.figures import Figure
+from vitscope.inspect.page import Page, half_b64, png_data_url, render_page
+from vitscope.inspect.plots import overlay
+
+FILE = "probes.safetensors"
+FORMAT = "vitscope.probes/1"
+
+
+@dataclass
+class Probes:
+    """A run's probes: `kind` (translate, caption, classify), `inputs` (what was probed: sentences, captions,
+    class names), `images` (K, C, H, W) uint8 for caption and classify, and per step its tensors."""
+
+    kind: str
+    inputs: list[dict]
+    steps: list[int]
+    epochs: list[float]
+    tensors: dict[int, dict[str, Tensor]] = field(repr=False)
+    images: Tensor | None = field(default=None, repr=False)
+    grid: tuple[int, int] | None = None  # the image tokens' grid (caption, classify)
+    num_prefix_tokens: int = 0
+
+    def attention(self, step: int) -> Tensor:
+        return self.tensors[step]["attention"].float()
+
+    def distance(self, step: int) -> Tensor | None:
+        t = self.tensors[step].get("distance")
+        return None if t is None else t.float()
+
+    def spread(self, count: int = 4) -> list[int]:
+        """`count` steps spread over the run: the first, the last and evenly between."""
+        if len(self.steps) <= count:
+            return list(self.steps)
+        picks = np.linspace(0, len(self.steps) - 1, count).round().astype(int)
+        return [self.steps[i] for i in dict.fromkeys(picks.tolist())]
+
+
+def read_probes(source: str | Path) -> Probes:
+    """A run directory's probes (its probes.safetensors, or that file given directly); InputError when there are
+    none or the file is damaged."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / FILE
+    if not path.is_file():
+        raise InputError(f"{path}: no probes; a run keeps them from vitscope 0.1 on (vitscope train writes "
+                         f"{FILE} beside metrics.jsonl)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+        header = json.loads(meta.get("probes", "null"))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable probes file ({e}); the file is damaged") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise InputError(f"{path}: not a vitscope probes file (want format {FORMAT!r} in its metadata 'probes')")
+    by_step: dict[int, dict[str, Tensor]] = {}
+    for key, t in tensors.items():
+        head, _, name = key.partition("/")
+        if head.startswith("step"):
+            by_step.setdefault(int(head[4:]), {})[name] = t
+    steps = sorted(by_step)
+    epochs = [header["epochs"].get(str(s), s) for s in steps]
+    grid = tuple(header["grid"]) if header.get("grid") else None
+    return Probes(header["kind"], header["inputs"], steps, epochs, by_step, tensors.get("inputs/images"), grid,
+                  int(header.get("num_prefix_tokens", 0)))
+
+
+# -- what one step's attention shows --------------------------------------------------------------------------
+def _heads_mean(att: Tensor) -> Tensor:
+    """(T, L, H, N) -> (T, N): the last layer's heads averaged; (T, N) as it is."""
+    return att[:, -1].mean(1) if att.ndim == 4 else att
+
+
+def _patch_map(row: Tensor, grid: tuple[int, int], prefix: int) -> Tensor:
+    """One attention row over an image's tokens (N,) -> its patches as a (gh, gw) map."""
+    return row[prefix:].reshape(grid)
+
+
+def _translate_panel(ax, probes: Probes, step: int, index: int) -> None:
+    item = probes.inputs[index]
+    src, tgt = item["source"], item["target"]
+    att = _heads_mean(probes.attention(step)[index])[: len(tgt), : len(src)]
+    ax.imshow(att.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
+
+
+def probes_figure(probes: Probes, *, steps: Sequence[int] | None = None, index: int = 0, words: int = 6,
+                  path: str | Path | None = None) -> Figure:
+    """The attention of probe `index` at a few `steps` (default: four spread over the run), side by side, from
+    left to right as training went: a translation's alignment heatmap; a caption's first `words` words, each
+    its map over the image (rows: steps); a classifier's class-token map over each probed image (rows: steps)
+    with each layer's mean attention distance over training beside them."""
+    steps = list(steps) if steps is not None else probes.spread()
+    missing = [s for s in steps if s not in probes.tensors]
+    if missing:
+        raise InputError(f"no probes at step {missing[0]}; the run kept steps {probes.steps}")
+    if probes.kind == "translate":
+        fig = Figure(figsize=(3.2 * len(steps), 3.6), layout="constrained")
+        axes = fig.subplots(1, len(steps), squeeze=False)[0]
+        for ax, s in zip(axes, steps):
+            _translate_panel(ax, probes, s, index)
+            ax.set_title(f"step {s} (epoch {_epoch(probes, s)})", fontsize=9)
+        fig.suptitle("the alignment emerging: attention of each target word (rows) over the source (columns)",
+                     fontsize=10)
+    elif probes.kind == "caption":
+        item = probes.inputs[index]
+        shown = item["words"][:words]
+        fig = Figure(figsize=(1.7 * len(shown), 1.8 * len(steps)), layout="constrained")
+        axes = fig.subplots(len(steps), len(shown), squeeze=False)
+        for r, s in enumerate(steps):
+            att = _heads_mean(probes.attention(s)[index])
+            for c, word in enumerate(shown):
+                overlay(axes[r, c], probes.images[index], _patch_map(att[c], probes.grid, probes.num_prefix_tokens),
+                        title=word if r == 0 else None)
+            axes[r, 0].set_ylabel(f"step {s}", fontsize=9)
+        fig.suptitle(f"where each word of \"{' '.join(item['words'])}\" looks, as training goes on", fontsize=10)
+    elif probes.kind == "classify":
+        k = len(probes.inputs)
+        fig = Figure(figsize=(1.8 * k + 3.4, 1.8 * len(steps)), layout="constrained")
+        grid = fig.add_gridspec(len(steps), k + 2)
+        for r, s in enumerate(steps):
+            maps = probes.attention(s)[:, -1].mean(1)  # (K, P): the last layer, heads averaged
+            for c in range(k):
+                ax = fig.add_subplot(grid[r, c])
+                overlay(ax, probes.images[c], maps[c].reshape(probes.grid),
+                        title=probes.inputs[c]["label"] if r == 0 else None)
+                if c == 0:
+                    ax.set_ylabel(f"step {s}", fontsize=9)
+        ax = fig.add_subplot(grid[:, k:])
+        dist = torch.stack([probes.distance(s) for s in probes.steps])  # (S, L, H)
+        for layer in range(dist.shape[1]):
+            ax.plot(probes.steps, dist[:, layer].mean(-1).numpy(), marker=".", label=f"layer {layer}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("mean attention distance (pixels)")
+        ax.legend(fontsize=7)
+        ax.set_title("each layer's heads, averaged", fontsize=9)
+        fig.suptitle("the last layer's class-token attention as training goes on", fontsize=10)
+    else:
+        raise InputError(f"probes of an unknown kind {probes.kind!r}")
+    if path is not None:
+        fig.save(path, dpi=110, bbox_inches="tight")
+    return fig
+
+
+def _epoch(probes: Probes, step: int) -> str:
+    e = probes.epochs[probes.steps.index(step)]
+    return f"{e:g}" if isinstance(e, (int, float)) else str(e)
+
+
+# -- the page ---------------------------------------------------------------------------------------------------
+def probes_data(probes: Probes) -> dict:
+    """What the page reads: per probe its words or image, and per step its attention as base64 float16, each
+    reduced as the figure reduces it (a transformer's last layer, heads averaged)."""
+    out = {"kind": probes.kind, "steps": probes.steps, "epochs": probes.epochs, "inputs": probes.inputs,
+           "grid": list(probes.grid) if probes.grid else None, "images": []}
+    if probes.images is not None:
+        out["images"] = [{"src": png_data_url(im)} for im in probes.images]
+    frames = []
+    for s in probes.steps:
+        att = probes.attention(s)
+        if probes.kind == "classify":
+            maps = att[:, -1].mean(1)  # (K, P)
+        else:
+            rows = [_heads_mean(a) for a in att]  # K x (T, N)
+            if probes.kind == "caption":
+                rows = [r[:, probes.num_prefix_tokens:] for r in rows]
+            maps = torch.stack(rows)
+        frames.append({"shape": list(maps.shape), "data": half_b64(maps)})
+    out["frames"] = frames
+    return out
+
+
+def probes_page(probes: Probes, *, title: str = "vitscope: attention over training") -> Page:
+    """A self-contained page: choose a probe, move the slider over the training steps, and watch its attention
+    change (a heatmap of target words over source words, or each word's or the class token's map over the
+    image)."""
+    return Page(render_page(title=title, data=probes_data(probes), css=_CSS, body=_BODY, script=_SCRIPT))
+
+
+def write_probes_page(probes: Probes, out_path: str | Path, **kw) -> Path:
+    return probes_page(probes, **kw).save(out_path)
+
+
+_CSS = """  input[type=range] { width: 420px; }
+  .cell { display: inline-block; margin: 4px; text-align: center; font-size: 12px; vertical-align: top; }
+  table.heat { border-collapse: collapse; font-size: 12px; }
+  table.heat td { width: 26px; height: 20px; }
+  table.heat th { font-weight: normal; padding: 0 4px; }
+  table.heat th.col { writing-mode: vertical-rl; transform: rotate(180deg); height: 70px; }
+"""
+
+_BODY = """<div class="controls">
+  <label for="probe">input</label><select id="probe"></select>
+  <label for="step">step</label><input id="step" type="range" min="0" value="0">
+  <span id="stepText"></span>
+</div>
+<div id="view" class="panel"></div>
+<p class="muted">Each evaluation of the run kept these inputs' attention; the slider moves through them, from
+before the first step to the end. A transformer's view is its last layer, heads averaged.</p>
+"""
+
+_SCRIPT = r"""
+  const frames = D.frames.map(f => ({shape: f.shape, values: decodeHalf(f.data)}));
+  fill("probe", D.inputs.map((p, i) => [i, p.label || (p.words || p.target || []).join(" ") || String(i)]));
+  const slider = document.getElementById("step");
+  slider.max = String(D.steps.length - 1);
+  slider.value = String(D.steps.length - 1);
+  const view = document.getElementById("view");
+
+  function css(t) { const c = color(t); return `rgb(${c[0]},${c[1]},${c[2]})`; }
+  function mapCanvas(img, values, offset, gh, gw) {  // an image with its patch map on top
+    const size = 112, cv = document.createElement("canvas");
+    cv.width = size; cv.height = size; cv.className = "map";
+    const g = cv.getContext("2d");
+    g.imageSmoothingEnabled = false;
+    g.drawImage(img, 0, 0, size, size);
+    let max = 1e-12;
+    for (let i = 0; i < gh * gw; i++) max = Math.max(max, values[offset + i]);
+    g.globalAlpha = 0.6;
+    for (let y = 0; y < gh; y++) for (let x = 0; x < gw; x++) {
+      g.fillStyle = css(values[offset + y * gw + x] / max);
+      g.fillRect(x * size / gw, y * size / gh, Math.ceil(size / gw), Math.ceil(size / gh));
+    }
+    return cv;
+  }
+  function render() {
+    const k = Number(document.getElementById("probe").value), s = Number(slider.value), f = frames[s];
+    document.getElementById("stepText").textContent = `step ${D.steps[s]} (epoch ${D.epochs[s]})`;
+    view.innerHTML = "";
+    const p = D.inputs[k];
+    if (D.kind === "translate") {
+      const [, T, N] = f.shape, base = k * T * N;
+      const tbl = document.createElement("table"); tbl.className = "heat";
+      let head = "<tr><th></th>" + p.source.map(w => `<th class="col">${w}</th>`).join("") + "</tr>";
+      tbl.innerHTML = head;
+      p.target.forEach((w, t) => {
+        const tr = document.createElement("tr");
+        tr.innerHTML = `<th>${w}</th>`;
+        p.source.forEach((_, n) => {
+          const v = f.values[base + t * N + n], td = document.createElement("td");
+          td.style.background = css(v); td.title = v.toFixed(3); tr.appendChild(td);
+        });
+        tbl.appendChild(tr);
+      });
+      view.appendChild(tbl);
+    } else if (D.kind === "caption") {
+      const [, T, P] = f.shape, [gh, gw] = D.grid;
+      p.words.forEach((w, t) => {
+        const cell = document.createElement("div"); cell.className = "cell";
+        cell.appendChild(mapCanvas(imgs[k], f.values, (k * T + t) * P, gh, gw));
+        cell.appendChild(document.createTextNode(w)); view.appendChild(cell);
+      });
+    } else {
+      const [, P] = f.shape, [gh, gw] = D.grid;
+      D.inputs.forEach((q, i) => {
+        const cell = document.createElement("div"); cell.className = "cell";
+        cell.appendChild(mapCanvas(imgs[i], f.values, i * P, gh, gw));
+        cell.appendChild(document.createTextNode(q.label)); view.appendChild(cell);
+      });
+    }
+  }
+  slider.addEventListener("input", render);
+  document.getElementById("probe").addEventListener("change", render);
+  whenImagesDecoded(render);
+"""
