@@ -25,12 +25,12 @@ from vitscope.vit import Mlp
 Caches = list[tuple[KVCache, KVCache]]
 
 
-def _keep_mask(padding_mask: Tensor | None) -> Tensor | None:
+def keep_mask(padding_mask: Tensor | None) -> Tensor | None:
     """(B, N) True-at-padding -> (B, 1, 1, N) True-where-attending, the convention of `attend`."""
     return None if padding_mask is None else key_padding_mask(padded=padding_mask)
 
 
-def _context_rows(context: Tensor | None, caches: Caches | None, default: int) -> int:
+def context_rows(context: Tensor | None, caches: Caches | None, default: int) -> int:
     """How many rows the context has: its own, or its cached keys' once the context is not passed."""
     if context is not None:
         return context.shape[0]
@@ -179,11 +179,11 @@ class TransformerDecoder(nn.Module):
         if padding_mask is not None and padding_mask.shape[-1] != past + tokens.shape[1]:
             raise ValueError(f"padding_mask covers {padding_mask.shape[-1]} positions but there are "
                              f"{past} cached + {tokens.shape[1]} new tokens; pass it for all of them")
-        rows = _context_rows(context, caches, tokens.shape[0])
+        rows = context_rows(context, caches, tokens.shape[0])
         if tokens.shape[0] % rows:
             raise ValueError(f"{tokens.shape[0]} token rows cannot share {rows} context rows evenly; give one "
                              f"context row per image and its beams' rows consecutively")
-        mask, context_mask = _keep_mask(padding_mask), _keep_mask(context_padding_mask)
+        mask, context_mask = keep_mask(padding_mask), keep_mask(context_padding_mask)
         x = self.drop(self.pos_embed(self.token_embed(tokens), offset=past))  # (B, T, D)
         cross = []
         for i, block in enumerate(self.blocks):

@@ -330,10 +330,13 @@ class VisionTransformer(nn.Module):
     # -- the model API (timm's) -----------------------------------------------------------------
     def forward_features(self, x: Tensor) -> Tensor:
         """All tokens after the last block and the final norm: (B, N, D)."""
-        x = self.embed(x)
+        return self.norm(self.run_blocks(self.embed(x)))
+
+    def run_blocks(self, x: Tensor) -> Tensor:
+        """The encoder: every block in turn, (B, N, D) -> (B, N, D)."""
         for block in self.blocks:
             x = block(x)
-        return self.norm(x)
+        return x
 
     def pool(self, x: Tensor) -> Tensor:
         if self.global_pool == "avg":
@@ -346,7 +349,12 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> logits (B, num_classes), or pooled features where num_classes is 0."""
-        return self.forward_head(self.forward_features(x))
+        return self.forward_head(self.head_tokens(x))
+
+    def head_tokens(self, x: Tensor) -> Tensor:
+        """The tokens `forward_head` reads: every token of `forward_features` (a fast path may compute fewer, where
+        the head reads the class token alone)."""
+        return self.forward_features(x)
 
     def forward_intermediates(self, x: Tensor, indices: int | list[int] | None = None, *, norm: bool = False,
                               output_fmt: Literal["NLC", "NCHW"] = "NLC", intermediates_only: bool = False,

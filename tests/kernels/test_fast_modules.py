@@ -97,7 +97,7 @@ def test_apply_keeps_parameters_state_dict_and_hooks_and_revert_undoes_it():
         fast(torch.randn(2, 1, 28, 28))
     assert seen == [(2, 49, 128)]  # a hooked block runs as a module, and its hook sees every token
     assert type(copy.deepcopy(fast)) is FastViT  # EMA copies keep the fast classes
-    kernels.apply(fast)  # twice: settles again, changes nothing
+    kernels.apply(fast)  # twice: decides again, changes nothing
     kernels.revert(fast)
     assert type(fast) is VisionTransformer and type(fast.blocks[0]) is Block and type(fast.blocks[0].mlp) is Mlp
     assert type(fast.blocks[0].mlp.fc1) is torch.nn.Linear

@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention, attend
-from vitscope.decoder import Caches, DecoderBlock, TransformerDecoder, _context_rows, _keep_mask
+from vitscope.decoder import Caches, DecoderBlock, TransformerDecoder, context_rows, keep_mask
 from vitscope.kernels import decode_attention, fused_linear, linear_bf16
 from vitscope.kernels.fused_linear import Linear
-from vitscope.kernels.guards import Settles, hooked
+from vitscope.kernels.guards import DecidesOnSwap, hooked
 from vitscope.kernels.modules import FastAttention, FastMlp
 from vitscope.kernels.registry import enabled
 from vitscope.positional import LearnedPositionalEmbedding
@@ -60,11 +60,11 @@ def _bfloat16_linear(x: Tensor, w: Tensor, b: Tensor | None, packed: Tensor | No
     return linear_bf16.forward(rows, w, b32, gelu=gelu, packed=packed).view(*x.shape[:-1], w.shape[0])
 
 
-class FastTransformerDecoder(Settles, TransformerDecoder):
+class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
     """The decoder whose one-token decoding steps run `_step` (the module docstring); every other call is the
     plain decoder's."""
 
-    def _settle(self) -> None:
+    def _decide(self) -> None:
         blocks = list(self.blocks)
         attention = (MultiHeadAttention, FastAttention)
         self._steps = bool(blocks) and all(
@@ -101,7 +101,7 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
             return super().forward(tokens, context, padding_mask=padding_mask,
                                    context_padding_mask=context_padding_mask, caches=caches,
                                    return_weights=return_weights)
-        return self._step(tokens, _keep_mask(context_padding_mask), caches, return_weights)
+        return self._step(tokens, keep_mask(context_padding_mask), caches, return_weights)
 
     def _one_token(self, tokens: Tensor, padding_mask: Tensor | None, caches: Caches | None) -> bool:
         """Whether this call is a decoding step `_step` may take: one new token per row after a filled cache,
@@ -112,7 +112,7 @@ class FastTransformerDecoder(Settles, TransformerDecoder):
             return False
         if len(caches) != len(self.blocks) or any(len(s) == 0 or c.k is None for s, c in caches):
             return False  # the plain decoder fills the caches, or says what is wrong with them
-        rows = _context_rows(None, caches, tokens.shape[0])
+        rows = context_rows(None, caches, tokens.shape[0])
         if tokens.shape[0] % rows or len(caches[0][0]) >= self.pos_embed.weight.shape[0]:
             return False  # the plain decoder's error
         if any(a.capture is not None or a.head_mask is not None

@@ -1,5 +1,5 @@
 """What every fast module asks before it takes its fast path: may a hook see the call, does autograd record it,
-is dropout active; and how a fast module settles what its children's types decide (`Settles`)."""
+is dropout active; and how a fast module decides what its children's types decide (`DecidesOnSwap`)."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ def dropping(drop: nn.Dropout) -> bool:
     return drop.training and drop.p > 0
 
 
-class Settles:
-    """A fast module settles what its children's types decide when it is swapped in, and again whenever one
+class DecidesOnSwap:
+    """A fast module decides what its children's types decide when it is swapped in, and again whenever one
     of its children is replaced (`mlp.fc1 = MyLinear(...)`), so a replaced child is never bypassed."""
 
-    def _settle(self) -> None:
+    def _decide(self) -> None:
         pass
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        if isinstance(value, nn.Module) and self.__dict__.get("_settled"):
-            self._settle()
+        if isinstance(value, nn.Module) and self.__dict__.get("_decided"):
+            self._decide()

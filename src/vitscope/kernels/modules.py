@@ -3,8 +3,8 @@
 `apply(model)` swaps each module's class in place (`module.__class__ = Fast...`), the way
 `ipex.optimize` swaps in its modules: parameters, buffers, state_dict keys, DDP wrappers, EMA copies
 and hooks stay as they are, and `revert(model)` swaps them back. What a module's type and settings
-decide (which children it has, LayerScale, qk-norm, a conv stem) is settled once, when the class is
-swapped in (`_settle`); what can change between calls (hooks, capture, head masks, dropout in
+decide (which children it has, LayerScale, qk-norm, a conv stem) is decided once, when the class is
+swapped in (`_decide`); what can change between calls (hooks, capture, head masks, dropout in
 training, the dtype under autocast) is checked on each call, and anything a user could observe sends
 the call to the plain module's forward.
 """
@@ -28,16 +28,16 @@ from vitscope.kernels import (
 )
 from vitscope.kernels.fused_gelu import GELU
 from vitscope.kernels.fused_linear import Linear
-from vitscope.kernels.guards import Settles, dropping, hooked, records
+from vitscope.kernels.guards import DecidesOnSwap, dropping, hooked, records
 from vitscope.kernels.registry import enabled
 from vitscope.vit import Block, ConvStem, Mlp, PatchEmbed, VisionTransformer
 
 
-class FastMlp(Settles, Mlp):
+class FastMlp(DecidesOnSwap, Mlp):
     """fc1 -> GELU -> fc2 with, in bfloat16 inference, fc1's bias and the GELU inside its product
     (fused_linear.py), and in training the GELU's derivative kept instead of its input (fused_mlp.py)."""
 
-    def _settle(self) -> None:
+    def _decide(self) -> None:
         self._exact = (type(self.act) in (nn.GELU, GELU) and self.act.approximate == "none"
                        and type(self.fc1) is Linear and type(self.fc2) is Linear)
         self._reads_through_linear = type(self.fc1) is Linear  # what a bfloat16 norm before it may feed
@@ -54,11 +54,11 @@ class FastMlp(Settles, Mlp):
         return super().forward(x)
 
 
-class FastAttention(Settles, MultiHeadAttention):
+class FastAttention(DecidesOnSwap, MultiHeadAttention):
     """Self-attention straight from the fused qkv projection into vitscope's attention kernels, which
     write the heads side by side as `proj` reads them (short_attention.py)."""
 
-    def _settle(self) -> None:
+    def _decide(self) -> None:
         self._plain = (not self.cross and isinstance(self.q_norm, nn.Identity)
                        and isinstance(self.k_norm, nn.Identity))
         self._reads_through_linear = self._plain and type(self.qkv) is Linear
@@ -83,13 +83,13 @@ class FastAttention(Settles, MultiHeadAttention):
         return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
 
 
-class FastBlock(Settles, Block):
+class FastBlock(DecidesOnSwap, Block):
     """The pre-norm block with, under bfloat16 autocast, each LayerNorm writing bfloat16 for the linear
     layer that reads it (fused_layer_norm.py), the residual adds in one pass (fused_residual.py), and a
     residual add and the next LayerNorm together (fused_add_norm.py), also across blocks
     (`forward_chained`, which FastViT's loop calls)."""
 
-    def _settle(self) -> None:
+    def _decide(self) -> None:
         self._plain_residuals = type(self.ls1) is nn.Identity and type(self.ls2) is nn.Identity
         self._fast_attn = type(self.attn) is FastAttention
         self._fast_mlp = type(self.mlp) is FastMlp
@@ -172,7 +172,7 @@ def _dropping_path(drop_path: nn.Module) -> bool:
     return drop_path.training and getattr(drop_path, "p", 0.0) > 0
 
 
-class FastConvStem(Settles, ConvStem):
+class FastConvStem(DecidesOnSwap, ConvStem):
     """The conv stem with each BatchNorm and the GELU after it in one kernel (fused_bn_gelu.py), and in
     training each conv's weight gradient from vitscope's kernel (fused_conv.py), in channels-last memory."""
 
@@ -190,16 +190,16 @@ class FastConvStem(Settles, ConvStem):
         return x
 
 
-class FastPatchEmbed(Settles, PatchEmbed):
+class FastPatchEmbed(DecidesOnSwap, PatchEmbed):
     """Patch embedding with, in bfloat16, the stride-P conv run as the linear map of each flattened patch
     that it is (oneDNN's fused linear is 2-3x as fast as its conv, same weights); a conv stem runs in
     channels-last memory, which oneDNN's convs are faster in."""
 
-    def _settle(self) -> None:
+    def _decide(self) -> None:
         if self.stem is not None:
             self.to(memory_format=torch.channels_last)
 
-    def _unsettle(self) -> None:
+    def _undecide(self) -> None:
         if self.stem is not None:
             self.to(memory_format=torch.contiguous_format)
 
@@ -219,13 +219,14 @@ class FastPatchEmbed(Settles, PatchEmbed):
         return rearrange(self.proj(x), "b d h w -> b (h w) d")
 
 
-class FastViT(Settles, VisionTransformer):
-    """The ViT whose loop over blocks chains each block's last residual add with the next one's norm1
-    (FastBlock.forward_chained), and whose last block, where the head reads the class token alone,
-    computes that one token's output (all tokens are still its keys and values): the same logits for
-    1/8 fewer FLOPs at depth 6."""
+class FastViT(DecidesOnSwap, VisionTransformer):
+    """The ViT whose loop over blocks (the plain model's `run_blocks` seam) chains each block's last residual add
+    with the next one's norm1 (FastBlock.forward_chained), and whose last block, where the head reads the class
+    token alone (the `head_tokens` seam), computes that one token's output (all tokens are still its keys and
+    values): the same logits for 1/8 fewer FLOPs at depth 6. `forward` and `forward_features` are the plain
+    model's."""
 
-    def _run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
+    def run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
         blocks = list(self.blocks)
         chain = enabled() and x.is_cpu and all(type(b) is FastBlock for b in blocks) and not hooked(*blocks)
         normed = None
@@ -238,13 +239,10 @@ class FastViT(Settles, VisionTransformer):
                 x = block(x, queries=queries) if queries else block(x)
         return x
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        return self.norm(self._run_blocks(self.embed(x)))
-
-    def forward(self, x: Tensor) -> Tensor:
+    def head_tokens(self, x: Tensor) -> Tensor:
         if not self._only_class_token_read():
-            return self.forward_head(self.forward_features(x))
-        return self.forward_head(self.norm(self._run_blocks(self.embed(x), last_queries=1)))  # (B, 1, D) tokens
+            return self.forward_features(x)
+        return self.norm(self.run_blocks(self.embed(x), last_queries=1))  # (B, 1, D): the class token alone
 
     def _only_class_token_read(self) -> bool:
         """True when nothing but the head sees the last block's output: token pooling, a FastBlock last,

@@ -10,7 +10,7 @@ from vitscope.decoder import TransformerDecoder
 from vitscope.kernels.fast_decoder import FastTransformerDecoder
 from vitscope.kernels.fused_gelu import GELU
 from vitscope.kernels.fused_linear import Linear
-from vitscope.kernels.guards import Settles
+from vitscope.kernels.guards import DecidesOnSwap
 from vitscope.kernels.modules import FastAttention, FastBlock, FastConvStem, FastMlp, FastPatchEmbed, FastViT
 from vitscope.vit import Block, ConvStem, Mlp, PatchEmbed, VisionTransformer
 
@@ -25,13 +25,13 @@ PLAIN = {fast: plain for plain, fast in SWAPS.items() if fast is not plain}
 
 
 def swap_in(model: nn.Module) -> nn.Module:
-    """Swap the fast classes into `model` in place (children before parents, so each parent settles with
+    """Swap the fast classes into `model` in place (children before parents, so each parent decides with
     its children's final types) and return it."""
     for m in reversed(list(model.modules())):
         m.__class__ = SWAPS.get(type(m), type(m))
-        if isinstance(m, Settles):  # settled again where applied twice
-            m._settle()
-            m._settled = True
+        if isinstance(m, DecidesOnSwap):  # decided again where applied twice
+            m._decide()
+            m._decided = True
     return model
 
 
@@ -40,8 +40,8 @@ def swap_out(model: nn.Module) -> nn.Module:
     for m in model.modules():
         plain = PLAIN.get(type(m))
         if plain is not None:
-            if hasattr(m, "_unsettle"):
-                m._unsettle()
-            m.__dict__.pop("_settled", None)
+            if hasattr(m, "_undecide"):
+                m._undecide()
+            m.__dict__.pop("_decided", None)
             m.__class__ = plain
     return model

@@ -57,7 +57,7 @@ class CaptionTask:
     counts: Tensor = field(repr=False)  # (N,) its reference captions
     tokens: Tensor = field(repr=False)  # (P, T) every reference, <bos> ... <eos> <pad>
     kind = "caption"
-    final_differs = False
+    final_reevaluates = False
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> CaptionTask:

@@ -90,7 +90,7 @@ class ClassifyTask:
         return len(self.train_set)
 
     @property
-    def final_differs(self) -> bool:
+    def final_reevaluates(self) -> bool:
         """The final evaluation averages shifted views too (--final-eval-shift)."""
         return bool(self.cfg.final_eval_shift)
 

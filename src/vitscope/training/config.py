@@ -26,7 +26,8 @@ from vitscope.training.optim import OptimizerName
 from vitscope.translate.rnn import RNNTranslatorConfig
 from vitscope.translate.transformer import TransformerTranslatorConfig
 
-# torch seeds are 64-bit and the data order seeds with seed * 1_000_003 + epoch; 32 bits fit both.
+# torch seeds are 64-bit and the data order seeds with seed * EPOCH_STRIDE + epoch (training/setup.py); 32 bits
+# fit both.
 MAX_SEED = 2**32 - 1
 # OpenMP's thread count is a C int; past a few thousand no machine has the cores.
 MAX_THREADS = 4096

@@ -8,12 +8,12 @@ from torch import nn
 
 from vitscope.data import ImageDataset
 from vitscope.data.transforms import eval_transform, tta_views
-from vitscope.training import distributed as D
+from vitscope.training import distributed
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int = 1000, bf16: bool = False,
-             device: torch.device | None = None, info: D.DistInfo | None = None, flip: bool = False,
+             device: torch.device | None = None, info: distributed.DistInfo | None = None, flip: bool = False,
              shift: int = 0) -> dict:
     """Loss, accuracy and confusion matrix over `data` (sharded over ranks, summed).
 
@@ -21,7 +21,7 @@ def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int
     each image's mirror image, `shift` the image moved that many pixels each way along each axis.
     """
     device = device or torch.device("cpu")
-    info = info or D.DistInfo()
+    info = info or distributed.DistInfo()
     model.eval()
     k = len(data.classes)
     conf = torch.zeros(k, k, dtype=torch.int64)
@@ -38,8 +38,8 @@ def evaluate(model: nn.Module, data: ImageDataset, mean, std, *, batch_size: int
         logits = logits.cpu()
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         conf += torch.bincount(y * k + logits.argmax(1), minlength=k * k).view(k, k)
-    D.all_reduce_sum(conf, info)
-    D.all_reduce_sum(loss_sum, info)
+    distributed.all_reduce_sum(conf, info)
+    distributed.all_reduce_sum(loss_sum, info)
     n = int(conf.sum())
     return {"loss": float(loss_sum) / n, "acc": float(conf.diag().sum()) / n, "confusion": conf.numpy(),
             "views": len(views)}

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from vitscope.errors import ConfigError
 from vitscope.kernels import allocator
-from vitscope.training import distributed as D
+from vitscope.training import distributed
 from vitscope.training.checkpointing import (
     Checkpoint,
     CheckpointError,
@@ -42,7 +42,7 @@ from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
 from vitscope.training.probes import ProbeLog, write_probe_report
 from vitscope.training.run_dir import RunLock, check_target, take
-from vitscope.training.setup import Setup, pick_device, read_rows, restore, setup
+from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
 from vitscope.training.task import Evaluation, TrainResult
 from vitscope.weights.checkpoints import read_metadata, save_model
@@ -72,7 +72,7 @@ def lr_at(step: int, total: int, warmup: int, cfg: TrainConfig) -> float:
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    g = torch.Generator().manual_seed(order_seed(seed, epoch))
     return torch.randperm(n, generator=g)
 
 
@@ -114,7 +114,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
     if resume and overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: choose one")
     device = pick_device(cfg.device)
-    info = D.setup(device)
+    info = distributed.setup(device)
     try:
         with ExitStack() as held:
             if info.is_main:
@@ -151,14 +151,14 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                     raise
             return run.finish(stopped)
     finally:
-        D.teardown(info)
+        distributed.teardown(info)
 
 
 class _Training:
     """One run of the loop: a training step, an evaluation and a checkpoint are each a method."""
 
     def __init__(self, cfg: TrainConfig, s: Setup, at: Progress, gen: torch.Generator, run_dir: Path,
-                 info: D.DistInfo, found: Checkpoint | None, stopper: Stopper, *, progress: bool):
+                 info: distributed.DistInfo, found: Checkpoint | None, stopper: Stopper, *, progress: bool):
         self.cfg, self.s, self.task, self.at, self.gen, self.run_dir, self.info = cfg, s, s.task, at, gen, run_dir, info
         self.stopper = stopper
         self.steps_per_epoch = self.task.train_size // cfg.batch_size
@@ -325,7 +325,7 @@ class _Training:
             for i in range(first, min(spe, first + end - at.step)):
                 self.step(order[i * cfg.batch_size : (i + 1) * cfg.batch_size], epoch)
                 self.show_progress(epoch, i, at.train_time_s + time.perf_counter() - t0[0])
-                if D.any_flag(self.stopper.signal is not None, self.info):
+                if distributed.any_flag(self.stopper.signal is not None, self.info):
                     self.charge(t0)
                     return self.stop()
                 inside = i < spe - 1 and at.step < end
@@ -391,7 +391,7 @@ class _Training:
         at, metric = self.at, self.task.metric
         final = None
         if stopped == "finished" and self.stopper.signal is None:
-            same = self.ev_step == at.step and not self.task.final_differs
+            same = self.ev_step == at.step and not self.task.final_reevaluates
             final = self.ev if same else self.evaluate(final=True)
         if final is None and stopped == "finished":  # a signal came after the last step
             stopped = self.stop()

@@ -14,12 +14,30 @@ from torch import nn
 from vitscope import kernels
 from vitscope.errors import ConfigError
 from vitscope.kernels import bf16
-from vitscope.training import distributed as D
+from vitscope.training import distributed
 from vitscope.training.checkpointing import Checkpoint, Progress, load_checkpoint, load_weights_alone
 from vitscope.training.config import TrainConfig
 from vitscope.training.optim import build_optimizer
 from vitscope.training.task import Task
 from vitscope.training.tasks import build_task
+
+# How a run's one seed spreads over its random streams. Each epoch's data order is drawn from
+# seed * EPOCH_STRIDE + epoch, a prime stride, so the epochs of neighbouring seeds never share an order; each
+# rank's dropout and drop-path from seed + RANK_STRIDE * (rank + 1) (+ the step, where a run restarts from
+# weights alone), so ranks differ from each other and from the data order's seeds.
+EPOCH_STRIDE = 1_000_003
+RANK_STRIDE = 7919
+
+
+def order_seed(seed: int, epoch: int) -> int:
+    """The seed of an epoch's data order (and of the augmentation generator, where a run restarts from weights
+    alone at that step)."""
+    return seed * EPOCH_STRIDE + epoch
+
+
+def rank_seed(seed: int, rank: int, step: int = 0) -> int:
+    """torch's global seed on `rank`: its dropout and drop-path."""
+    return seed + step + RANK_STRIDE * (rank + 1)
 
 
 def pick_device(name: str) -> torch.device:
@@ -73,18 +91,18 @@ def setup(cfg: TrainConfig, device: torch.device, *, resume: bool) -> Setup:
 
 
 def restore(cfg: TrainConfig, s: Setup, found: Checkpoint | None, gen: torch.Generator, run_dir: Path,
-            info: D.DistInfo) -> Progress:
+            info: distributed.DistInfo) -> Progress:
     """The run's progress after loading `found` into the model, optimizer and generators (a fresh start
     without it). Weights alone (a state-less checkpoint) restart the optimizer and the generators at its step."""
     if found is None:
-        torch.manual_seed(cfg.seed + 7919 * (info.rank + 1))  # dropout and drop-path differ per rank
+        torch.manual_seed(rank_seed(cfg.seed, info.rank))
         return Progress()
     if found.state is not None:
         state = load_checkpoint(found, model=s.model, ema=s.ema, optimizer=s.optimizer, generator=gen)
         return Progress.from_state(state)
     load_weights_alone(found, model=s.model, ema=s.ema)
-    gen.manual_seed(cfg.seed * 1_000_003 + found.step)
-    torch.manual_seed(cfg.seed + found.step + 7919 * (info.rank + 1))
+    gen.manual_seed(order_seed(cfg.seed, found.step))
+    torch.manual_seed(rank_seed(cfg.seed, info.rank, found.step))
     rows = [r for r in read_rows(run_dir / "metrics.jsonl") if r.get("step", 0) <= found.step]
     key = s.task.metric.key
     return Progress(step=found.step, best_acc=max((r.get(key, 0.0) for r in rows), default=0.0),

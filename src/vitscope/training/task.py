@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from vitscope.errors import ConfigError
 from vitscope.io import atomic_write
 from vitscope.kernels import allocator
-from vitscope.training import distributed as D
+from vitscope.training import distributed
 from vitscope.training.config import TrainConfig
 
 
@@ -105,12 +105,12 @@ class Task(Protocol):
     train_module: nn.Module  # what the loop wraps in DDP / torch.compile; its forward takes a batch's inputs
     train_size: int  # the samples an epoch goes through
     metric: Metric
-    final_differs: bool  # whether the final evaluation is not the last epoch's (it averages more views)
+    final_reevaluates: bool  # whether the final evaluation is not the last epoch's (it averages more views)
 
     def batch(self, idx: Tensor, gen: torch.Generator) -> tuple: ...
     def loss(self, net: nn.Module, batch: tuple, rows: slice, device: torch.device,
              bf16: bool) -> tuple[Tensor, StepStats]: ...
-    def evaluate(self, model: nn.Module, *, device: torch.device, bf16: bool, info: D.DistInfo,
+    def evaluate(self, model: nn.Module, *, device: torch.device, bf16: bool, info: distributed.DistInfo,
                  final: bool = False) -> Evaluation: ...
     def metadata(self) -> dict[str, str]: ...
     def report(self, run_dir: Path, model: nn.Module, result: TrainResult, final: Evaluation) -> None: ...

@@ -45,7 +45,7 @@ class TranslateTask:
     model: nn.Module
     kind = "translate"
     metric = EXACT_MATCH
-    final_differs = False
+    final_reevaluates = False
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> TranslateTask:
