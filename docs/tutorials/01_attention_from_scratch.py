@@ -36,7 +36,7 @@
 # The test suite runs this file; each `assert` checks a fact the text states, and fails the tests if
 # it stops being true. Exercises close the tutorial.
 #
-# It ran in about 20 seconds (executed as the tests execute it, in a Jupyter kernel) on 2 cores of an
+# It ran in about 30 seconds (executed as the tests execute it, in a Jupyter kernel) on 2 cores of an
 # AMD EPYC (Zen 3, AVX2) shared with other jobs; the last cell prints how long your run took.
 
 # %%
@@ -173,8 +173,8 @@ assert torch.allclose(as_dot_product, learned_weights, atol=1e-5)
 # ## 2. The simplest form: softmax(X Xᵀ) X
 #
 # Strip away every parameter: each token is its own query, key and value, and the scores are the
-# dot products X Xᵀ. This is not where attention began (it began with Bahdanau's learned scores),
-# but it is the form with nothing left to take away. `vitscope.dot_product_attention` computes it.
+# dot products X Xᵀ. This is not where attention began (in translation it began with Bahdanau's
+# learned scores), but it is the form with nothing left to take away. `vitscope.dot_product_attention` computes it.
 # We make the tokens unit vectors, so no token is louder than another.
 
 # %%
@@ -206,7 +206,7 @@ assert all(abs(own - math.e / (math.e + n - 1)) < 0.02 for n, own in own_weights
 
 # %% [markdown]
 # The unit length matters. Without it a longer token can outscore a token's own dot product
-# (x·y > x·x when |y| is large enough and y points the same way), and then a token's largest weight
+# (x·y = |x||y| cos θ exceeds x·x = |x|² when |y| cos θ > |x|), and then a token's largest weight
 # is on another token. With 5 Gaussian tokens of width 8, count how often that happens:
 
 # %%
@@ -466,7 +466,8 @@ assert torch.allclose(ours, theirs, atol=1e-5)
 # is the same rows, permuted the same way: the layer is **permutation-equivariant**. The reason is
 # in the equation: permuting the rows of X permutes the rows of Q, K and V, so it permutes both the
 # rows and the columns of the scores, the row-wise softmax follows, and the weighted sums land in
-# the permuted rows. "dog bites man" and "man bites dog" would give the same three vectors.
+# the permuted rows. "dog bites man" and "man bites dog" would give the same three output vectors,
+# only in a different order.
 
 # %%
 x = torch.randn(1, 7, dim)
