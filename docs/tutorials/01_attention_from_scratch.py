@@ -36,7 +36,7 @@
 # The test suite runs this file; each `assert` checks a fact the text states, and fails the tests if
 # it stops being true. Exercises close the tutorial.
 #
-# It ran in about 30 seconds (executed as the tests execute it, in a Jupyter kernel) on 2 cores of an
+# It ran in 30 to 40 seconds (executed as the tests execute it, in a Jupyter kernel) on 2 cores of an
 # AMD EPYC (Zen 3, AVX2) shared with other jobs; the last cell prints how long your run took.
 
 # %%
@@ -110,7 +110,7 @@ gaussian, gaussian_weights = kernel_regression(x_query, x_train, y_train, width=
 # %%
 log_width = torch.zeros((), requires_grad=True)  # w = 1 to start
 optimizer = torch.optim.SGD([log_width], lr=0.5)
-for step in range(200):
+for _ in range(200):
     fit, _ = kernel_regression(x_train, x_train, y_train, log_width.exp(), leave_one_out=True)
     loss = ((fit - y_train) ** 2).mean()
     optimizer.zero_grad()
@@ -475,7 +475,7 @@ perm = torch.randperm(7, generator=generator)
 with torch.no_grad():
     plain, plain_permuted = mha(x), mha(x[:, perm])
 print("permutation:", perm.tolist())
-print("largest difference between f(permuted x) and permuted f(x):", (plain_permuted - plain[:, perm]).abs().max().item())
+print("largest |f(permuted x) - permuted f(x)|:", (plain_permuted - plain[:, perm]).abs().max().item())
 assert torch.allclose(plain_permuted, plain[:, perm], atol=1e-5)
 
 # %% [markdown]
