@@ -17,7 +17,7 @@ nbformat = pytest.importorskip("nbformat")
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "docs" / "tutorials"
 # Tutorials that take more than about a minute on 2 CPU cores.
-SLOW = {"02_pixel_attention_and_vit.py", "04_captioning_with_attention.py"}
+SLOW = {"02_pixel_attention_and_vit.py", "03_dot_product_to_translation.py", "04_captioning_with_attention.py"}
 
 
 def _params():
