@@ -258,7 +258,8 @@ settings = dict(task="translate", dataset="synthetic_pair", translator="rnn", tr
                 warmup_epochs=0.1, label_smoothing=0.0, amp="fp32", kernels=False, threads=1, explain_images=4)
 sizes = {"embed_dim": 64, "hidden_dim": 64, "attn_dim": 64, "drop": 0.0}
 run_dir = root / "attention"
-result = train(TrainConfig(**settings, epochs=3, decoder_args={**sizes, "attention": True}), run_dir, progress=False)
+result = train(TrainConfig(**settings, epochs=3, eval_every_steps=25, decoder_args={**sizes, "attention": True}),
+               run_dir, progress=False)
 print(result.describe(), f"after {result.train_time_s:.0f} s of training")
 
 # %% [markdown]
@@ -303,9 +304,10 @@ assert hits >= 0.8 * len(peaks)
 # sentence, the misses on such second words against all the misses:
 
 # %%
-from vitscope.translate.evaluate import teacher_forced, trim  # noqa: E402
+from vitscope.sequence import trim_padding  # noqa: E402
+from vitscope.translate.evaluate import teacher_forced  # noqa: E402
 
-src, tgt = trim(data.test.src, data.test.tgt)
+src, tgt = trim_padding(data.test.src), trim_padding(data.test.tgt)  # (S, N), (S, T): no all-pad columns
 with torch.no_grad():
     _, all_attention = teacher_forced(translator.model.eval(), src, tgt)  # (S, T-1, N)
 gold = data.test.gold[:, : all_attention.shape[1]]                    # (S, T-1), -1: no gold word
@@ -372,6 +374,49 @@ assert no_short > no_long + 0.3  # without attention, accuracy falls with length
 assert att_long > no_long + 0.5 and att_long > 0.8  # with it, long sentences are not lost
 
 # %% [markdown]
+# ## Watching the alignment emerge
+#
+# Nobody told the model where to look, so when did it find out? Every run keeps the attention of four
+# test sentences, teacher-forced on their references, before the first step and at each evaluation (here
+# every 25 steps: `eval_every_steps=25`), in `probes.safetensors` beside its metrics. `read_probes` reads
+# them back, `probes_figure` draws one sentence at four steps side by side, and `probes_page` is the same
+# with a slider over every step.
+
+# %%
+from vitscope.inspect import probes_figure, probes_page, read_probes  # noqa: E402
+
+probes = read_probes(run_dir)
+display(probes_figure(probes))
+gold_of = {tuple(e.source): e.alignment for e in data.test.examples}
+
+
+def probe_hits(step: int) -> float:
+    """The share of the probed sentences' target words whose attention peaks on their gold source word."""
+    hits = total = 0
+    for k, item in enumerate(probes.inputs):
+        gold = gold_of[tuple(item["source"])]
+        peaks = probes.attention(step)[k, : len(gold), : len(item["source"])].argmax(-1).tolist()
+        hits += sum(p == g for p, g in zip(peaks, gold))
+        total += len(gold)
+    return hits / total
+
+
+curve = {s: probe_hits(s) for s in probes.steps}
+print("step: share of target words whose attention peaks on their gold source word")
+print("  ".join(f"{s}: {100 * v:.0f}%" for s, v in curve.items()))
+first_good = next(s for s, v in curve.items() if v >= 0.8)
+print(f"the probed sentences' alignment first reaches 80% at step {first_good} of {probes.steps[-1]}")
+assert curve[0] < 0.3 and curve[probes.steps[-1]] > 0.8
+
+# %% [markdown]
+# Before training the attention is spread almost evenly (the first panel), so its peak lands on the gold
+# word about as often as chance would put it there (the step-0 share above). The shares printed above say
+# when the alignment appears; move the slider to watch it form:
+
+# %%
+display(probes_page(probes))
+
+# %% [markdown]
 # ## The translation explorer
 #
 # The explorer shows the attention of several sentences at once: pick a sentence, read its
@@ -390,8 +435,9 @@ page = translate_page(translate_explorer_data(
 display(page)
 
 # %% [markdown]
-# The run also wrote `alignment.png` and `translations.html`, the same explorer over its first test
-# sentences, beside its config, its summary and its training curves:
+# The run also wrote `alignment.png` and `translations.html` (the same explorer over its first test
+# sentences), `probes.png` and `probes.html` (the views above), beside its config, its summary and its
+# training curves:
 
 # %%
 print(sorted(p.name for p in run_dir.iterdir() if p.suffix in (".png", ".html", ".json")))
@@ -435,7 +481,9 @@ display(Markdown("\n".join([
 #    between short and long sentences close, and at what cost in training time?
 # 5. Decode both models with `evaluate_translations(..., beam=5)`. Does beam search rescue the long
 #    sentences of the model without attention?
-# 6. Train `translator="transformer"` with `decoder_args={"dim": 64, "depth": 2, "num_heads": 4}`
+# 6. Train with `eval_every_steps=5` for one epoch and find the step where `probe_hits` first passes 50%.
+#    Is it the same step where the training loss falls fastest (`metrics.jsonl`)?
+# 7. Train `translator="transformer"` with `decoder_args={"dim": 64, "depth": 2, "num_heads": 4}`
 #    instead of the RNN, and read `alignment_per_head`: which heads align?
 
 # %%
