@@ -1,5 +1,6 @@
 """The `vitscope` command's entry point. It imports nothing heavy itself, so a Ctrl-C while torch loads is
-one line and exit code 130, like a Ctrl-C at any later moment."""
+one line and exit code 130, like a Ctrl-C at any later moment; and it sets OpenMP's wait policy before torch
+loads (`prepare_threads`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,21 @@ import sys
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
 
 
+# OpenMP's threads wait for each other at the end of every parallel region. By default they spin there; when
+# another process holds one of the cores, a spinning thread burns the time slice its partner needs, and a
+# training beside another job ran 7-55 times slower instead of about twice (benchmarks/beside_busy.py,
+# docs/performance.md). Passive waiting sleeps instead. A user's own setting is kept.
+WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def prepare_threads() -> None:
+    """Before torch loads (OpenMP reads its settings once): wait passively, unless the environment says how."""
+    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
+        os.environ.update(WAIT_POLICY)
+
+
 def main(argv: list[str] | None = None) -> int:
+    prepare_threads()
     interrupted = []
 
     def on_interrupt(signum, frame):
