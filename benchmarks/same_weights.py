@@ -1,11 +1,14 @@
-"""Does a change keep `make run`'s numbers? Train the `fmnist_quick` recipe for a few steps with whichever
-vitscope is importable, then compare two such runs' weights bit for bit.
+"""Does a change keep what vitscope computes? Train a recipe for a few steps with whichever vitscope is
+importable, then compare two such runs' weights bit for bit: `fmnist_quick` (`make run`'s, classification) by
+default, `--preset caption_quick` or `translate_rnn` / `translate_transformer` for the sequence tasks.
 
     cd /tmp/before && PYTHONPATH=$PWD/src python /work/main/benchmarks/same_weights.py train /tmp/w_before
     cd /work/main && .venv/bin/python benchmarks/same_weights.py train /tmp/w_after
     .venv/bin/python benchmarks/same_weights.py compare /tmp/w_before /tmp/w_after
 
 Bit-identical weights after 120 steps mean the same full run (the loop is deterministic for a seed).
+caption_quick starts from a trained encoder's file; here it starts from scratch (`init_weights` none), the same
+on both sides.
 """
 
 from __future__ import annotations
@@ -18,15 +21,15 @@ import torch
 from safetensors.torch import load_file
 
 
-def train(out: Path, steps: int) -> None:
+def train(out: Path, steps: int, preset: str = "fmnist_quick") -> None:
     try:  # the package layout since the kernels/ refactor
         from vitscope.training.loop import train as run
         from vitscope.training.recipes import get_recipe
     except ImportError:  # before it
         from vitscope.recipes import get_recipe
         from vitscope.train import train as run
-    cfg = get_recipe("fmnist_quick")
-    cfg.explain_images = 0
+    cfg = get_recipe(preset)
+    cfg.explain_images, cfg.init_weights = 0, None
     t = time.time()
     run(cfg, out, progress=False, max_steps=steps)
     print(f"{steps} steps into {out} in {time.time() - t:.1f} s")
@@ -46,11 +49,12 @@ if __name__ == "__main__":
     t = sub.add_parser("train")
     t.add_argument("out", type=Path)
     t.add_argument("--steps", type=int, default=120)
+    t.add_argument("--preset", default="fmnist_quick", help="a training recipe (vitscope train --preset)")
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
     args = ap.parse_args()
     if args.cmd == "train":
-        train(args.out, args.steps)
+        train(args.out, args.steps, args.preset)
     else:
         raise SystemExit(0 if compare(args.a, args.b) else 1)

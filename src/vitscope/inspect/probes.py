@@ -169,7 +169,8 @@ def probes_figure(probes: Probes, *, steps: Sequence[int] | None = None, index: 
         ax.set_ylabel("mean attention distance (pixels)")
         ax.legend(fontsize=7)
         ax.set_title("each layer's heads, averaged", fontsize=9)
-        fig.suptitle("the last layer's class-token attention as training goes on", fontsize=10)
+        what = "class-token attention" if probes.num_prefix_tokens else "attention each patch receives (mean)"
+        fig.suptitle(f"the last layer's {what} as training goes on", fontsize=10)
     else:
         raise InputError(f"probes of an unknown kind {probes.kind!r}")
     if path is not None:
