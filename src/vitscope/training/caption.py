@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -121,6 +122,7 @@ class CaptionTask:
                           detail={"metrics": m, "captions": result.captions})
 
     # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
+    @cached_property
     def probe_rows(self) -> list[int]:
         """The probed test images: on scenes the busiest of the first 50 (more words looking at more places)."""
         n = min(len(self.eval_set), 50)
@@ -128,14 +130,15 @@ class CaptionTask:
             return list(range(min(n, PROBES // 2)))
         return sorted(range(n), key=lambda i: (-len(self.eval_set.scenes[i].items), i))[: PROBES // 2]
 
+    @cached_property
     def probe_tokens(self) -> Tensor:
         """Each probed image's first reference caption, (K, T) `<bos>` ... `<eos>` `<pad>`."""
-        return self.vocab.encode_batch([self.eval_set.captions[i][0] for i in self.probe_rows()],
+        return self.vocab.encode_batch([self.eval_set.captions[i][0] for i in self.probe_rows],
                                        max_len=self.model.max_len)
 
     def probe_header(self) -> tuple[dict, Tensor]:
-        rows = self.probe_rows()
-        words = [self.vocab.decode_words(t) for t in self.probe_tokens()]
+        rows = self.probe_rows
+        words = [self.vocab.decode_words(t) for t in self.probe_tokens]
         header = {"kind": "caption", "inputs": [{"words": w} for w in words], "grid": list(self.model.grid),
                   "num_prefix_tokens": self.model.num_prefix_tokens}
         return header, self.eval_set.images[rows]
@@ -143,8 +146,8 @@ class CaptionTask:
     def probe(self, model, *, device, bf16) -> dict[str, Tensor]:
         """Teacher-forced on each probed image's reference: the transformer's cross-attention (K, T, L, H, N) or
         the LSTM's alignment (K, T, N), row t for the step that predicts word t + 1."""
-        x = normalize(self.eval_set.images[self.probe_rows()].to(device), self.transform.mean, self.transform.std)
-        tokens = self.probe_tokens().to(device)
+        x = normalize(self.eval_set.images[self.probe_rows].to(device), self.transform.mean, self.transform.std)
+        tokens = self.probe_tokens.to(device)
         with evaluating(model), torch.no_grad():
             memory = model.encode(x)
             if model.kind == "transformer":

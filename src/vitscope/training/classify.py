@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -116,13 +117,14 @@ class ClassifyTask:
         return Evaluation(ev["loss"], ev["acc"], detail=ev)
 
     # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
+    @cached_property
     def probe_rows(self) -> list[int]:
         """The probed test images: the first of each of the first PROBES classes."""
         labels = self.eval_set.labels.tolist()
         return [labels.index(c) for c in range(len(self.eval_set.classes)) if c in labels][:PROBES]
 
     def probe_header(self) -> tuple[dict, Tensor]:
-        rows = self.probe_rows()
+        rows = self.probe_rows
         images = self.eval_set.images[rows]
         layout = token_layout(self.model, images.float())
         labels = self.eval_set.labels[rows].tolist()
@@ -133,7 +135,7 @@ class ClassifyTask:
     def probe(self, model, *, device, bf16) -> dict[str, Tensor]:
         """Each encoder layer's class-token attention over the patches (K, L, H, P), or where the model has no
         class token the mean attention each patch receives; and each head's mean attention distance (L, H)."""
-        x = normalize(self.eval_set.images[self.probe_rows()].to(device), self.transform.mean, self.transform.std)
+        x = normalize(self.eval_set.images[self.probe_rows].to(device), self.transform.mean, self.transform.std)
         capture = capture_attention(model, x)
         stats = head_stats(capture)
         p = capture.layout.num_prefix_tokens

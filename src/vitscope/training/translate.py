@@ -9,6 +9,7 @@ own target words and DDP averages the ranks' gradients.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -90,6 +91,7 @@ class TranslateTask:
                           detail={"metrics": m, "translations": result.translations, "by_length": result.by_length})
 
     # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
+    @cached_property
     def probe_rows(self) -> list[int]:
         """The probed test sentences: the report's (long, with reordering), then the first others."""
         first = pick_sentence(self.data)
@@ -99,14 +101,14 @@ class TranslateTask:
         """None for the RNN without attention: it has none to watch."""
         if not self.model.has_attention:
             return None
-        examples = [self.data.test.examples[i] for i in self.probe_rows()]
+        examples = [self.data.test.examples[i] for i in self.probe_rows]
         return {"kind": "translate", "inputs": [{"source": list(e.source), "target": list(e.target)}
                                                 for e in examples]}, None
 
     def probe(self, model, *, device, bf16) -> dict[str, Tensor]:
         """Teacher-forced on each probed sentence's reference: the RNN's attention (K, T, N) or every decoder
         block's cross-attention (K, T, L, H, N), row t for the step that writes target word t."""
-        rows = self.probe_rows()
+        rows = self.probe_rows
         src, tgt = trim_padding(self.data.test.src[rows]), trim_padding(self.data.test.tgt[rows])
         with evaluating(model), torch.no_grad():
             _, attention = teacher_forced(model, src.to(device), tgt.to(device))
