@@ -249,11 +249,11 @@ def one_scene(captioner, index, beam=5):
     """The caption of one test scene, what it names, and how its item words' attention fared."""
     e = evaluate_captions(captioner.model, test_scenes.subset([index]), captioner.vocab, mean=captioner.mean,
                           std=captioner.std, beam=beam)
-    named = set(parse_caption(e.words[0], 2))
+    named = set(parse_caption(e.captions[0], 2))
     truth = set(test_scenes.scenes[index].items)
     item_words = e.metrics["grounding_words"]  # 0 when the caption names no item: grounding is then NaN
     grounded = round(e.metrics["grounding"] * item_words) if item_words else 0
-    return dict(caption=" ".join(e.words[0]), named=named, right=len(named & truth), total=len(truth),
+    return dict(caption=" ".join(e.captions[0]), named=named, right=len(named & truth), total=len(truth),
                 grounded=grounded, item_words=item_words)
 
 
@@ -261,15 +261,16 @@ shown = one_scene(transformer, pick)
 truth = set(test_scenes.scenes[pick].items)
 wrong = sorted(shown["named"] - truth)
 shorter = "shorter" if beam_row["mean_length"] < greedy_row["mean_length"] else "longer"
+easier = (" Finding the items is the easier part, telling similar garments apart (a shirt, a t-shirt, a "
+          "pullover, a coat) the harder one." if beam_row["grounding"] > beam_row["item_accuracy"] else "")
 display(Markdown(f"""
-The scene holds {describe(truth)}. Beam 5 captioned it "{shown['caption']}": it names
-{describe(shown['named'])}, so {shown['right']} of the {shown['total']} items are right in class and place
+The scene holds: {describe(truth)}. Beam 5 captioned it "{shown['caption']}", which names
+{describe(shown['named'])}: right in class and place for {shown['right']} of the {shown['total']} items
 {f"(wrong: {describe(wrong)})" if wrong else ""}; {shown['grounded']} of its {shown['item_words']} item words'
 maps peak in their item's cell. Over the 300 scenes, {greedy_row['grounding']:.0%} (greedy) and
 {beam_row['grounding']:.0%} (beam 5) of the item words' maps peak in the right cell, against 25% for a
 map that looks anywhere, while {greedy_row['item_accuracy']:.0%} and {beam_row['item_accuracy']:.0%} of
-the items are named right: finding the items is the easier part, telling similar garments apart
-(a shirt, a t-shirt, a pullover, a coat) the harder one.
+the items are named right.{easier}
 
 Beam search looks for the caption the model finds most likely, not the one a metric likes best, so it
 need not win on every score. Here its captions are {shorter} than greedy's on average
@@ -341,14 +342,15 @@ alignments peak in the item's cell (chance is a quarter), against the transforme
 (greedy) and {lstm_beam['item_accuracy']:.1%} (beam 5) of the items in their places, against the
 transformer's {greedy_row['item_accuracy']:.1%} and {beam_row['item_accuracy']:.1%}.
 
-On the scene above ({describe(truth)}) it wrote "{lstm_shown['caption']}": {lstm_shown['right']} of the
-{lstm_shown['total']} items right {f"(wrong: {describe(lstm_wrong)})" if lstm_wrong else ""}, and
+On the scene above ({describe(truth)}) it wrote "{lstm_shown['caption']}": right for {lstm_shown['right']}
+of the {lstm_shown['total']} items {f"(wrong: {describe(lstm_wrong)})" if lstm_wrong else ""}, and
 {lstm_shown['grounded']} of its {lstm_shown['item_words']} item words' maps peak in their item's cell. In the
-lecture's figures, too, the words that name a thing look at it, while the little words between them
-("at", "the", the punctuation) have nothing in particular to look at.
+lecture's figures the words that name a thing look at it, while the little words between them
+("a", "the", the punctuation) have nothing in particular to look at.
 
-The transformer still wins per minute: its teacher-forced training sees all positions at once, where
-each LSTM step waits for the previous one. vitscope's `caption_lstm` preset
+The two train differently: the transformer's teacher-forced training computes all positions of a
+caption at once, where each LSTM step waits for the previous one (the cells above print both training
+times). vitscope's `caption_lstm` preset
 (`vitscope train --preset caption_lstm`, on the README's stronger encoder) trains the same LSTM for
 three epochs; its docstring in `vitscope.training.recipes` gives about 91% item accuracy and 89-94%
 grounding with beam 5, with the runs in benchmarks/RESULTS.md.
@@ -418,9 +420,8 @@ display(Markdown(f"""
 Training gave the learned table part of the sinusoids' rule: neighbouring positions are more alike
 ({near:.2f} on average) than positions 8 or more apart ({far:.2f}). It is not the same everywhere:
 neighbours among the first positions have a similarity of {early:.2f}, and from position 15 on of
-{late:.2f}. The captions are {min(lengths)} to {max(lengths)} words long (median
-{int(np.median(lengths))}), so positions far into the table are seen by fewer captions, and each
-phrasing puts different words there.
+{late:.2f}. (The captions are {min(lengths)} to {max(lengths)} words long, median
+{int(np.median(lengths))}: the later positions are trained by fewer captions.)
 """))
 
 # %% [markdown]
