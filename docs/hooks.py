@@ -5,8 +5,9 @@ files; a site that must read offline loads nothing remote, so that script is tak
 as files, the site reads and navigates fully; search needs it served (`python -m http.server -d site`).
 
 The home page's picture is drawn at build time (`on_files`) from the trained ViT that tutorial 2 loads
-(docs/tutorials/checkpoints/, with the command that trained it): where its class token draws from on four
-test images (attention rollout), and how alike its learned position vectors are across the patch grid. Nothing in it is drawn by hand or kept as an image file.
+(docs/tutorials/checkpoints/, with the command that trained it): where its class token draws from on
+four test images (attention rollout), and how alike its learned position vectors are across the grid.
+Nothing in it is drawn by hand or kept as an image file.
 
 Pages may link to files of the repository outside docs/ (`../benchmarks/RESULTS.md`),
 which a view of the Markdown in the repository follows but the site does not hold. On the site such a

@@ -186,10 +186,10 @@ print(f"a 224 x 224 image in 16 x 16 patches: {(224 * 224) ** 2 // (14 * 14) ** 
 #
 # | | equation | what it says |
 # |---|---|---|
-# | (1) | z₀ = [x_class; x_p¹E; x_p²E; …; x_pᴺE] + E_pos | project each patch with one matrix E (P²·C × D), put a learned class token in front, add a learned position vector to every token |
+# | (1) | z₀ = [x_class; x_p¹E; …; x_pᴺE] + E_pos | E (P²·C × D) projects each patch; class token first; add positions |
 # | (2) | z′ₗ = MSA(LN(zₗ₋₁)) + zₗ₋₁ | pre-norm block, first half: LayerNorm, multi-head self-attention, residual |
 # | (3) | zₗ = MLP(LN(z′ₗ)) + z′ₗ | second half: LayerNorm, a two-layer MLP with GELU, residual (ℓ = 1 … L) |
-# | (4) | y = LN(z_L⁰) | the class token's output, normalised, is the image's representation; a linear head turns it into logits |
+# | (4) | y = LN(z_L⁰) | the class token's output, normalised, is the image's vector; a linear head makes the logits |
 #
 # We build each line in plain PyTorch on a batch of eight test images, with the sizes of the model
 # we train below: patches of P = 4 (a 7 × 7 grid, N = 49), width D = 32, 4 heads, 4 blocks, an

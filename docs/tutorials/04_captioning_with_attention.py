@@ -19,9 +19,10 @@
 # Attend and Tell** (Xu et al., 2015) kept the image as a grid of feature vectors instead, and let
 # the decoder *look* again at every step: before it chooses word t, it scores every grid cell
 # against the state it had after the previous word (h_{t-1}), turns the scores into weights with a
-# softmax, and reads the weighted average of the cells. Those weights are the attention, and we can draw them over the image: each
-# word shows where it looked. The **transformer captioner** does the same with cross-attention:
-# its decoder's queries come from the words so far, its keys and values from the image's tokens.
+# softmax, and reads the weighted average of the cells. Those weights are the attention, and we can
+# draw them over the image: each word shows where it looked. The **transformer captioner** does the
+# same with cross-attention: its decoder's queries come from the words so far, its keys and values
+# from the image's tokens.
 #
 # This tutorial trains both on a dataset where we know the right answer to "where should this
 # word look", so that the attention can be *measured*, not only admired:
@@ -52,12 +53,12 @@ import numpy as np
 import torch
 from IPython.display import Markdown, display
 
+from vitscope.attention import attend
 from vitscope.caption import cider_d, corpus_bleu, evaluate_captions, load_scenes, tokenize
 from vitscope.caption.plots import caption_figure, explore_captions
 from vitscope.caption.run import open_captioner
 from vitscope.caption.scenes import CLASS_WORDS, cell_names, parse_caption
 from vitscope.data.transforms import TrainTransform
-from vitscope.attention import attend
 from vitscope.positional import sincos_1d
 from vitscope.training.loop import TrainConfig, train
 
