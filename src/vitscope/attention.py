@@ -321,7 +321,8 @@ class SpatialSelfAttention(nn.Module):
     """Self-attention over the pixels of a feature map (N, C, H, W), with the residual.
 
     normalise -> flatten to (N, H·W, C) -> multi-head attention -> project -> reshape -> add input.
-    `norm` is "group" (GroupNorm with `groups` groups), "batch", "layer" or "none".
+    `norm` is "group" (GroupNorm with `groups` groups), "batch", "layer" or "none". "layer" is GroupNorm(1, C):
+    each image is normalised over all of its C x H x W values together, not each pixel over its C channels.
     """
 
     def __init__(self, channels: int, num_heads: int = 1, *, norm: str = "group", groups: int = 32,
