@@ -461,4 +461,4 @@ print(f"this run of the tutorial took {(time.perf_counter() - tutorial_start) / 
 #    are its maps spread over the whole scene, as the section on Show, Attend and Tell says of early
 #    training?
 # 5. **Greedy, by hand.** Write greedy decoding yourself with the model's `encode`, `start`, `step` and `extend`
-#    (see `vitscope.caption.decoding`) and check that it gives `greedy`'s words on ten scenes.
+#    (see `vitscope.sequence.decoding`) and check that it gives `greedy`'s words on ten scenes.
