@@ -143,6 +143,8 @@ def vocab_metadata(vocab: Vocabulary) -> dict[str, str]:
 def vocab_from_metadata(metadata: dict[str, str] | None) -> Vocabulary:
     if not metadata or VOCAB_KEY not in metadata:
         raise InputError("the checkpoint carries no caption vocabulary; was it trained with --task caption?")
+    if hasattr(metadata, "build"):  # a checkpoint's Metadata: a damaged value names the file and the key
+        return metadata.build(VOCAB_KEY, Vocabulary.from_dict)
     return Vocabulary.from_json(metadata[VOCAB_KEY])
 
 

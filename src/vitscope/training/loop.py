@@ -89,7 +89,7 @@ def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
     from vitscope.weights.checkpoints import read_metadata
 
     try:
-        saved = json.loads(read_metadata(found.weights).get("train_config", "{}"))
+        saved = read_metadata(found.weights).json("train_config", dict, {})
     except (OSError, ValueError):
         return []  # an unreadable record: find_checkpoint's own checks speak for the files
     now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples become lists
