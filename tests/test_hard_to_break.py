@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -27,7 +26,6 @@ from vitscope.translate.language import make_pair
 from vitscope.translate.run import translation_metadata
 from vitscope.vit import VisionTransformer, ViTConfig
 from vitscope.weights.checkpoints import save_model
-from vitscope.weights.files import VOCAB_KEY
 
 
 # -- tiny checkpoints of each kind, written as the training loop writes them ----------------------------------

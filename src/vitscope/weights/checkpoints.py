@@ -271,6 +271,6 @@ def create_from_timm(path_or_state_dict: PathLike | StateDict, **config) -> Visi
     return load_timm_state_dict(model, sd).eval()
 
 
-__all__ = ["Metadata", "atomic_write", "check_state_dict", "config_from_timm_state_dict", "create_from_timm", "find_checkpoint",
-           "load_model", "load_timm_state_dict", "load_training_state", "load_weights", "model_file_writer",
-           "read_metadata", "save_model", "save_training_state"]
+__all__ = ["Metadata", "atomic_write", "check_state_dict", "config_from_timm_state_dict", "create_from_timm",
+           "find_checkpoint", "load_model", "load_timm_state_dict", "load_training_state", "load_weights",
+           "model_file_writer", "read_metadata", "save_model", "save_training_state"]
