@@ -28,6 +28,10 @@ from vitscope.errors import ConfigError, InputError
 from vitscope.weights.files import VOCAB_KEY
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
+# name -> the channel counts its images can be read as: the scenes are Fashion-MNIST's grey, image files are decoded
+# to what the encoder reads
+CAPTION_CHANNELS = {"fmnist_scenes": (1,), "fmnist_scenes3": (1,), "coco": (1, 3), "karpathy": (1, 3),
+                    "flickr8k": (1, 3)}
 
 
 # -- data by name ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from vitscope.training.task import (
     StepStats,
     TrainResult,
     check_batch,
+    check_channels,
     run_facts,
     start_weights,
     write_summary,
@@ -53,6 +54,7 @@ class CaptionTask:
         from vitscope.caption import task as captioning
         from vitscope.caption.transformer import EncoderSpec
 
+        check_channels(cfg, captioning.CAPTION_CHANNELS)
         channels = cfg.model_args.get("in_chans", 3)
         kw = dict(root=cfg.data_dir, image_size=cfg.image_size or 224, channels=channels,
                   captions_file=cfg.captions_file)
