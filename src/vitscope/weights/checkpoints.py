@@ -196,9 +196,13 @@ def load_training_state(path: PathLike, *, map_location: str | torch.device = "c
 
 
 # -- timm -----------------------------------------------------------------------------------------
-def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateDict) -> VisionTransformer:
-    """Load a timm VisionTransformer state dict. A `pos_embed` for another grid is resampled as timm's
-    checkpoint filter does (bicubic, antialiased)."""
+def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateDict, *,
+                         source: str | None = None) -> VisionTransformer:
+    """Load a timm VisionTransformer state dict (or a vitscope checkpoint: the names are the same). A `pos_embed`
+    for another grid is resampled as timm's checkpoint filter does (bicubic, antialiased). `source` names the
+    weights in messages (default: the file, else "the state dict")."""
+    if source is None:
+        source = "the state dict" if isinstance(state_dict, Mapping) else str(state_dict)
     sd = strip_prefix(as_state_dict(state_dict))
     pos = sd.get("pos_embed")
     if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
@@ -206,7 +210,7 @@ def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateD
             _check_token_layout(pos.shape[1], model.num_prefix_tokens)
             sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size,
                                                  num_prefix_tokens=model.num_prefix_tokens, antialias=True)
-    return load_checked(model, sd, "timm checkpoint")
+    return load_checked(model, sd, source)
 
 
 def _check_token_layout(rows: int, prefix: int) -> None:
@@ -268,7 +272,8 @@ def create_from_timm(path_or_state_dict: PathLike | StateDict, **config) -> Visi
     """Build a model from a timm checkpoint: config read from the weights (plus `config`), weights loaded."""
     sd = strip_prefix(as_state_dict(path_or_state_dict))
     model = VisionTransformer(config_from_timm_state_dict(sd, **config))
-    return load_timm_state_dict(model, sd).eval()
+    source = "the state dict" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
+    return load_timm_state_dict(model, sd, source=source).eval()
 
 
 __all__ = ["Metadata", "atomic_write", "check_state_dict", "config_from_timm_state_dict", "create_from_timm",
