@@ -13,7 +13,6 @@ from pathlib import Path
 
 from vitscope.cli.common import UsageError, add_caption_options, add_kernels_flag, at_least, open_caption_run
 
-
 EMPTY_CAPTION = "(empty caption)"  # text mode's word for a caption of no words (JSON keeps "")
 
 

@@ -23,7 +23,6 @@ from vitscope.cli.train import add_train_parser
 from vitscope.cli.translate import add_translate_parser
 from vitscope.errors import VitscopeError
 
-
 DESCRIPTION = ("Attention and Vision Transformers from first principles: train a classifier, a captioner or a "
                "translator, evaluate it, use it on your images or sentences, and see what its attention learned. "
                "`vitscope COMMAND --help` tells each command's flags.")
