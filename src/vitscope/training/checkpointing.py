@@ -319,7 +319,7 @@ def find_checkpoint(run_dir: Path, *, weights_only: bool = False) -> Checkpoint:
 
 def _weights_step(path: Path) -> int:
     try:
-        return int(read_metadata(path).get("step", "-1"))
+        return read_metadata(path).json("step", int, -1)
     except ValueError as e:
         raise CheckpointError(f"cannot resume {path.parent}: {e}") from None
 
