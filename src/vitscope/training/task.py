@@ -15,6 +15,7 @@ the NaN stop, the run directory):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -168,8 +169,6 @@ _FLAGS = {"model_args": "--set", "decoder_args": "--decoder-set"}
 
 def check_unused(cfg: TrainConfig) -> None:
     """Refuse a setting `cfg.task` would not read (`UNUSED`), naming its flag."""
-    import dataclasses
-
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 for f in dataclasses.fields(cfg)}
     flags = []
