@@ -460,3 +460,13 @@ def test_the_top_level_help_is_whole_sentences(capsys):
     out = capsys.readouterr().out
     description = out.split("\n\n")[1].replace("\n", " ")
     assert description.endswith(".") and "one module per" not in description
+
+
+@pytest.mark.parametrize("kind, flags, said", [
+    ("captioner", ["--flip"], "--flip: test-time views, for classifiers"),
+    ("captioner", ["--shift", "2"], "--shift: test-time views"),
+    ("translator", ["--flip", "--max-len", "5"], "--flip, --max-len: "),
+    ("translator", ["--data-dir", "."], "--data-dir: "),
+])
+def test_eval_flags_the_runs_kind_would_ignore_are_refused(ckpts, capsys, kind, flags, said):
+    one_line_error(capsys, main(["eval", str(ckpts[kind]), *flags]), said)
