@@ -764,6 +764,11 @@ def issue64_cases() -> list[Case]:
                                                   "--max-words", "9"])):
         cases.append(Case("impossible-setting", what, ["train", *args, *out], fresh_out=True,
                           stderr_has="would be ignored"))
+    for what, args in (("eval a captioner --flip", ["eval", "{CAP}", "--flip"]),
+                       ("eval a captioner --shift 2", ["eval", "{CAP}", "--shift", "2"]),
+                       ("eval a translator --max-len 5", ["eval", "{TR}", "--max-len", "5"]),
+                       ("eval a translator --flip", ["eval", "{TR}", "--flip"])):
+        cases.append(Case("impossible-setting", what, args, stderr_has=args[2]))
     guess = "the translation below is the model's guess"
     for sentence, order in (("the old king sees a cat", '"the king old sees a cat"'),
                             ("a big red dog sees the small cat", '"a dog big red sees the cat small"'),
