@@ -26,7 +26,8 @@ def test_the_sweep_generates_a_few_hundred_cases_of_every_kind(capsys):
     kinds = {line.split(":")[0] for line in lines[:-1]}
     assert int(lines[-1].split()[0]) >= 300
     assert {"train-field", "model-field", "decoder-field", "augment-field", "image-file", "damaged-run",
-            "caption-file", "hostile-path", "existing-run", "write-failure", "env", "interrupt"} <= kinds
+            "caption-file", "hostile-path", "existing-run", "write-failure", "env", "interrupt", "damaged-metadata",
+            "impossible-setting", "translate-note", "empty-caption", "linked-folder", "message"} <= kinds
 
 
 @pytest.mark.slow

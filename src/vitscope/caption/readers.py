@@ -14,7 +14,8 @@ Formats:
 Every entry is checked against its schema (`COCO_IMAGE`, `KARPATHY_SENTENCE`, ...: each field's JSON
 type) before it is used. Problems with the caption file itself are a one-line `DataError` naming the
 file, the entry and what to do: a field of the wrong type, images it names that are not there, an
-image path that leads outside the image folder ('../', absolute, a symlink out), an empty caption or
+image path that leads outside the image folder ('../', absolute, an image file linked out of its folder; the
+folders inside the image folder may be links), an empty caption or
 one past MAX_CAPTION_TOKENS, text that is not UTF-8, an unknown split, a file that is not the format.
 
 Images decode through the image-folder source's `load_image` (modes, transparency, corrupt files,
@@ -153,17 +154,23 @@ def _check_caption(text: str, source: Path, where: str) -> str:
 
 
 def _image_files(names: Sequence[str], image_dir: Path, source: Path) -> list[Path]:
-    """image_dir/name for every name, each resolved (symlinks followed): a name that leads outside the
-    image folder ('../', an absolute path, a link out) is refused, so a caption file can read only the
-    images in the folder it is given. Then every image must be there."""
+    """image_dir/name for every name, each resolved (symlinks followed), so a caption file can read only the
+    images in the folder it is given: a name that leads outside it ('../', an absolute path) is refused, and so is
+    an image file that is a link out of its folder. The folders inside the image folder may be links (a Karpathy
+    root whose train2014/ links to the one copy of the images): the user made them, not the caption file. Then
+    every image must be there."""
     base = image_dir.resolve()
     files = []
     for name in names:
         try:
             real = (image_dir / name).resolve()
+            # where the name's folder really is (its links followed); a name with '..' or an absolute one must
+            # resolve inside the image folder itself
+            folder = (image_dir / name).parent.resolve()
+            plain = not Path(name).is_absolute() and ".." not in Path(name).parts
         except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a NUL in the name
             raise DataError(f"{source}: image {name!r} cannot be resolved ({e}); fix the entry or the link") from e
-        if not real.is_relative_to(base):
+        if not (real.is_relative_to(base) or plain and real.is_relative_to(folder)):
             raise DataError(f"{source}: image {name!r} leads to {real}, outside the image folder {base}; images are "
                             "read only from inside it: move the image there or fix the entry")
         files.append(real)

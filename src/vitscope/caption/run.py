@@ -70,7 +70,7 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     if CAPTIONER_KEY not in meta:
         raise InputError(f"{ckpt} is not a captioner's checkpoint (no {CAPTIONER_KEY!r} in its metadata); "
                          f"train one with vitscope train --task caption")
-    model = captioner_from_dict(json.loads(meta[CAPTIONER_KEY]))
+    model = meta.build(CAPTIONER_KEY, captioner_from_dict)
     state = load_file(str(ckpt))
     load_checked(model, state, str(ckpt))
     check_finite(state, str(ckpt))
@@ -87,9 +87,9 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     else:
         vocab = vocab_from_metadata(meta)
         check_vocab(model, vocab)
-    config = json.loads(meta.get("train_config", "{}"))
-    mean = tuple(json.loads(meta["mean"])) if "mean" in meta else (0.5,) * model.encoder.config.in_chans
-    std = tuple(json.loads(meta["std"])) if "std" in meta else (0.5,) * model.encoder.config.in_chans
+    config = meta.json("train_config", dict, {})
+    c = model.encoder.config.in_chans
+    mean, std = meta.numbers("mean", c, (0.5,) * c), meta.numbers("std", c, (0.5,) * c)
     if kernels:
 
         apply(model)

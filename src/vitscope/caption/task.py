@@ -29,6 +29,10 @@ from vitscope.sequence.vocab import Vocabulary
 from vitscope.weights.files import VOCAB_KEY
 
 CAPTION_DATASETS = ("fmnist_scenes", "fmnist_scenes3", "coco", "karpathy", "flickr8k")
+# name -> the channel counts its images can be read as: the scenes are Fashion-MNIST's grey, image files are decoded
+# to what the encoder reads
+CAPTION_CHANNELS = {"fmnist_scenes": (1,), "fmnist_scenes3": (1,), "coco": (1, 3), "karpathy": (1, 3),
+                    "flickr8k": (1, 3)}
 
 
 # -- data by name ------------------------------------------------------------------------------------
@@ -140,6 +144,8 @@ def vocab_metadata(vocab: Vocabulary) -> dict[str, str]:
 def vocab_from_metadata(metadata: dict[str, str] | None) -> Vocabulary:
     if not metadata or VOCAB_KEY not in metadata:
         raise InputError("the checkpoint carries no caption vocabulary; was it trained with --task caption?")
+    if hasattr(metadata, "build"):  # a checkpoint's Metadata: a damaged value names the file and the key
+        return metadata.build(VOCAB_KEY, Vocabulary.from_dict)
     return Vocabulary.from_json(metadata[VOCAB_KEY])
 
 

@@ -20,6 +20,8 @@ from vitscope.cli.common import (
     open_caption_run,
 )
 
+EMPTY_CAPTION = "(empty caption)"  # text mode's word for a caption of no words (JSON keeps "")
+
 
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -69,6 +71,6 @@ def run_caption(args) -> int:
         print(json.dumps(results, indent=2))
     else:
         width = max(len(r["file"]) for r in results)
-        for r in results:
-            print(f"{r['file']:<{width}}  {r['caption']}")
+        for r in results:  # an empty caption (<eos> first) said as one, not a blank that reads as a crash
+            print(f"{r['file']:<{width}}  {r['caption'] or EMPTY_CAPTION}")
     return 0

@@ -62,11 +62,22 @@ def run_eval(args) -> int:
     from vitscope.translate.run import is_translation_checkpoint
     from vitscope.weights.model_source import load_data, open_model
 
+    # a flag the run's kind reads none of is refused, not ignored in silence
+    views = [flag for flag, given in (("--flip", args.flip), ("--shift", args.shift != 0)) if given]
     if is_translation_checkpoint(args.checkpoint):
         from vitscope.cli.translate import run_translation_eval
 
+        unused = views + [flag for flag, given in (("--data-dir", args.data_dir is not None), ("--vocab", args.vocab))
+                          if given]
+        if unused:
+            raise UsageError(f"{', '.join(unused)}: {args.checkpoint} is a translator, evaluated on its own test "
+                             f"sentences with its own vocabularies; drop {'it' if len(unused) == 1 else 'them'}")
         return run_translation_eval(args)
     if is_caption_checkpoint(args.checkpoint):
+        if views:
+            raise UsageError(f"{', '.join(views)}: test-time views, for classifiers; {args.checkpoint} is a "
+                             f"captioner, whose captions a mirror or a shift would change: drop "
+                             f"{'it' if len(views) == 1 else 'them'}")
         return run_caption_eval(args)
     decoding = [flag for flag, given in (("--beam", args.beam != BEAM), ("--max-len", args.max_len is not None),
                                          ("--length-penalty", args.length_penalty != 0.0),
@@ -136,9 +147,6 @@ def run_caption_eval(args) -> int:
     from vitscope.caption.task import CAPTION_DATASETS, load_caption_dataset
 
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
-    if args.flip or args.shift:
-        raise UsageError("--flip and --shift average views of an image's logits, for classifiers; a captioner is "
-                         "evaluated on its decoded captions")
     options = decode_options(args)
     run = open_caption_run(args.checkpoint, vocab=args.vocab, options=options, kernels=args.kernels)
     name = args.dataset or run.dataset

@@ -23,9 +23,13 @@ from vitscope.cli.train import add_train_parser
 from vitscope.cli.translate import add_translate_parser
 from vitscope.errors import VitscopeError
 
+DESCRIPTION = ("Attention and Vision Transformers from first principles: train a classifier, a captioner or a "
+               "translator, evaluate it, use it on your images or sentences, and see what its attention learned. "
+               "`vitscope COMMAND --help` tells each command's flags.")
+
 
 def build_parser() -> Parser:
-    parser = Parser(prog="vitscope", description=__doc__.splitlines()[0])
+    parser = Parser(prog="vitscope", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_train_parser, add_eval_parser, add_predict_parser, add_explain_parser, add_caption_parser,

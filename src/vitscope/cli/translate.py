@@ -18,7 +18,9 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "translate", help="translate sentences of the synthetic language pair with a trained translator",
         description="Translate source sentences with a translation run (vitscope train --task translate); each "
-                    "target word is printed with the source word its attention peaked on.",
+                    "target word is printed with the source word its attention peaked on. A sentence outside the "
+                    "source language's grammar (its adjectives follow the noun) is translated all the same, with a "
+                    "note on stderr giving the grammatical order where there is one.",
         epilog='examples:\n  vitscope translate runs/translate_rnn "the dog small black sees a cat"\n'
                '  vitscope translate runs/translate_rnn "a king helps the child" --beam 5 --json',
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,14 +29,17 @@ def add_translate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("sentences", metavar="SENTENCE", nargs="+", help="source sentences, each one argument")
     add_decoding_options(p, beam_default=5, vocab=False)
     p.add_argument("--json", action="store_true",
-                   help="print JSON (source, translation, words, attention peaks, score) instead of lines")
+                   help="print JSON (source, translation, words, attention peaks, score, and a note for a sentence "
+                        "outside the training language's grammar) instead of lines")
     add_kernels_flag(p)
     p.set_defaults(run=run_translate)
     return p
 
 
 def run_translate(args) -> int:
-    from vitscope.translate.language import split_sentence
+    import sys
+
+    from vitscope.translate.language import grammar_note, split_sentence
     from vitscope.translate.run import is_translation_checkpoint, open_translator
 
     if not is_translation_checkpoint(args.model):
@@ -47,12 +52,19 @@ def run_translate(args) -> int:
     results = run.translate(sentences, **options.kwargs())
     rows = []
     for r in results:
+        why = grammar_note(r.source)
+        # not refused: a learner may want to see what the model makes of a sentence it never saw
+        note = None if why is None else (f"not a sentence of the training language ({why}); the translation below "
+                                         f"is the model's guess.")
+        if note is not None:
+            print(f"note: {note}" if len(results) == 1 else f"note: {' '.join(r.source)!r}: {note}",
+                  file=sys.stderr, flush=True)
         peaks = None
         if run.model.has_attention:
             att = r.attention if r.attention.ndim == 2 else r.attention.mean((1, 2))  # (T, N): a transformer's mean
             peaks = [r.source[int(k)] for k in att[: len(r.words)].argmax(-1)]
         rows.append({"source": " ".join(r.source), "translation": " ".join(r.words), "words": r.words,
-                     "looked_at": peaks, "score": round(r.score, 4)})
+                     "looked_at": peaks, "score": round(r.score, 4), "note": note})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -74,10 +86,6 @@ def run_translation_eval(args) -> int:
     from vitscope.translate.language import make_pair
     from vitscope.translate.run import open_translator
 
-    if args.vocab is not None:
-        raise UsageError("--vocab is a captioner's: a translator carries its two vocabularies in its checkpoint")
-    if args.flip or args.shift:
-        raise UsageError("--flip and --shift average views of images, for classifiers; a translator reads sentences")
     options = decode_options(args)
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
     run = open_translator(args.checkpoint, kernels=args.kernels)

@@ -83,6 +83,11 @@ _LOADERS: dict[str, Callable[..., ImageDataset]] = {
 }
 
 
+# name -> the channel counts its images can be read as: the files of a fixed layout have theirs, image files are
+# decoded to what the model reads (grey or RGB)
+CHANNELS: dict[str, tuple[int, ...]] = {"fashion_mnist": (1,), "mnist": (1,), "cifar10": (3,), "pets": (1, 3),
+                                        "folder": (1, 3), "digits": (1,)}
+
 _SAID: set[tuple[str, str]] = set()  # the ignored data folders already warned of, by dataset
 
 

@@ -36,6 +36,7 @@ from vitscope.training.task import (
     StepStats,
     TrainResult,
     check_batch,
+    check_channels,
     run_facts,
     start_weights,
     write_summary,
@@ -62,6 +63,7 @@ class CaptionTask:
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> CaptionTask:
+        check_channels(cfg, captioning.CAPTION_CHANNELS)
         channels = cfg.model_args.get("in_chans", 3)
         kw = dict(root=cfg.data_dir, image_size=cfg.image_size or 224, channels=channels,
                   captions_file=cfg.captions_file)

@@ -255,10 +255,11 @@ def _os_advice(e: OSError) -> str:
 # -- finding and loading ------------------------------------------------------------------------------
 def _refuse(run_dir: Path, what: str, weights_hint: bool = True) -> CheckpointError:
     hint = (f"Continue from the weights alone with: vitscope train --resume {run_dir} --weights-only (the "
-            f"optimizer and random state start afresh, so the result will differ from an uninterrupted run), "
-            if weights_hint else "")
-    return CheckpointError(f"cannot resume {run_dir}: {what}. {hint}or train again: vitscope train --config "
-                           f"{run_dir / 'config.json'} --out NEW_DIR")
+            f"optimizer and random state start afresh, so the result will differ from an uninterrupted run), or "
+            if weights_hint else "Or ")
+    # `what` may be another error's message, with its own full stop
+    return CheckpointError(f"cannot resume {run_dir}: {what.rstrip().rstrip('.')}. {hint}train again: vitscope train "
+                           f"--config {run_dir / 'config.json'} --out NEW_DIR")
 
 
 def find_checkpoint(run_dir: Path, *, weights_only: bool = False) -> Checkpoint:
@@ -318,7 +319,7 @@ def find_checkpoint(run_dir: Path, *, weights_only: bool = False) -> Checkpoint:
 
 def _weights_step(path: Path) -> int:
     try:
-        return int(read_metadata(path).get("step", "-1"))
+        return read_metadata(path).json("step", int, -1)
     except ValueError as e:
         raise CheckpointError(f"cannot resume {path.parent}: {e}") from None
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.data import load_dataset, normalize
+from vitscope.data import CHANNELS, dataset_options, load_dataset, normalize
 from vitscope.errors import ConfigError
 from vitscope.inspect.capture import capture_attention, token_layout
 from vitscope.inspect.explorer import write_explorer
@@ -32,6 +32,7 @@ from vitscope.training.task import (
     StepStats,
     TrainResult,
     check_batch,
+    check_channels,
     run_facts,
     start_weights,
     write_summary,
@@ -57,8 +58,12 @@ class ClassifyTask:
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> ClassifyTask:
-        train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size)
-        eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size)
+        check_channels(cfg, CHANNELS)
+        # image files are decoded to the channels asked for: the data gives what --set in_chans says
+        extra = ({"channels": cfg.model_args["in_chans"]}
+                 if "in_chans" in cfg.model_args and "channels" in dataset_options(cfg.dataset) else {})
+        train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size, **extra)
+        eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size, **extra)
         c, h, w = train_set.images.shape[1:]
         if cfg.model_args.get("in_chans", c) != c:  # the model reads the data's channels: say so before any work
             raise ConfigError(f"--set in_chans={cfg.model_args['in_chans']}, but {cfg.dataset}'s images have {c} "

@@ -284,7 +284,7 @@ def _check_decoder_args(given: dict, config) -> None:
 
 def _check_caption(cfg: TrainConfig) -> None:
     """What a captioning run needs: a caption dataset, decoder fields its captioner has, and no augmentation
-    that would move what the captions name (a mirror image swaps left and right)."""
+    that would move or mix what the captions name."""
     from dataclasses import fields
 
     if cfg.dataset not in CAPTION_DATASETS:
@@ -298,12 +298,16 @@ def _check_caption(cfg: TrainConfig) -> None:
                          f"from {', '.join(sorted(own))} (max_len and label_smoothing are training fields)")
     _check_decoder_args(cfg.decoder_args, config)
     a = cfg.augment
-    moved = [name for name, on in (("flip", a.flip), ("crop rrc", a.crop == "rrc"), ("mixup", a.mixup_alpha > 0),
-                                   ("cutmix", a.cutmix_alpha > 0), ("eval_flip", cfg.eval_flip),
-                                   ("final_eval_shift", cfg.final_eval_shift > 0)) if on]
+    mirror, crop, mixed = "a mirror image swaps left and right", "a random crop cuts out or moves what they name", (
+        "a mixed image holds two images' items")
+    moved = [(name, why) for name, on, why in (
+        ("flip", a.flip, mirror), ("crop rrc", a.crop == "rrc", crop), ("mixup", a.mixup_alpha > 0, mixed),
+        ("cutmix", a.cutmix_alpha > 0, mixed), ("eval_flip", cfg.eval_flip, mirror),
+        ("final_eval_shift", cfg.final_eval_shift > 0, "a shifted image moves its items")) if on]
     if moved:
-        raise ConfigError(f"--task caption: {', '.join(moved)} would move or mix what the captions name (a mirror "
-                         f"image swaps left and right); turn {'it' if len(moved) == 1 else 'them'} off "
+        whys = "; ".join(dict.fromkeys(why for _, why in moved))
+        raise ConfigError(f"--task caption: {', '.join(n for n, _ in moved)} would move or mix what the captions "
+                         f"name ({whys}); turn {'it' if len(moved) == 1 else 'them'} off "
                          f"(--aug-flip false, --aug-crop none or pad, ...)")
 
 

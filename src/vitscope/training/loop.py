@@ -88,7 +88,7 @@ def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
     """The config fields that differ from the ones the checkpoint was trained with (its weights' metadata);
     fields one side lacks (a run from before the field existed) are not compared."""
     try:
-        saved = json.loads(read_metadata(found.weights).get("train_config", "{}"))
+        saved = read_metadata(found.weights).json("train_config", dict, {})
     except (OSError, ValueError):
         return []  # an unreadable record: find_checkpoint's own checks speak for the files
     now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples become lists

@@ -14,6 +14,7 @@ the NaN stop, the run directory):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -139,6 +140,56 @@ def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
     if not os.path.isfile(cfg.init_weights):
         raise ConfigError(f"init_weights: no file {cfg.init_weights}; give a weights file, or none to start afresh")
     return cfg.init_weights
+
+
+def check_channels(cfg: TrainConfig, dataset_channels: dict[str, tuple[int, ...]]) -> None:
+    """Before the data is read: an `in_chans` (--set) that the dataset's images can be read as, so that an
+    impossible one is one line, not every image skipped or a setting the data silently overrides."""
+    given = cfg.model_args.get("in_chans")
+    can = dataset_channels.get(cfg.dataset)
+    if given is None or can is None or given in can:
+        return
+    said = " or ".join(map(str, can))
+    fix = ("drop --set in_chans (the model takes the images' channels)" if len(can) == 1 else
+           f"set --set in_chans={' or '.join(map(str, can))}, or drop it")
+    raise ConfigError(f"--set in_chans={given}, but {cfg.dataset}'s images can be read as {said} "
+                      f"channel{'s' if can != (1,) else ''} only: {fix}")
+
+
+# Per task, the settings it reads none of (each task's own fields, and the images' for a translation): one set
+# away from its default is refused before any work, not ignored in silence.
+UNUSED = {
+    "classify": ("captioner", "decoder_args", "max_len", "vocab_min_count", "eval_beam", "translator",
+                 "train_sentences", "test_sentences", "max_words"),
+    "caption": ("translator", "train_sentences", "test_sentences", "max_words"),
+    "translate": ("model", "model_args", "pretrained", "init_weights", "data_dir", "image_size", "augment",
+                  "eval_flip", "final_eval_shift", "eval_split", "captioner", "max_len", "vocab_min_count"),
+}
+_FLAGS = {"model_args": "--set", "decoder_args": "--decoder-set"}
+
+
+def check_unused(cfg: TrainConfig) -> None:
+    """Refuse a setting `cfg.task` would not read (`UNUSED`), naming its flag."""
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cfg)}
+    flags = []
+    for name in UNUSED.get(cfg.task, ()):
+        value = getattr(cfg, name)
+        if value == defaults[name]:
+            continue
+        if name == "augment":
+            base = defaults[name]
+            flags += [f"--aug-{f.name.replace('_', '-')}" for f in dataclasses.fields(value)
+                      if getattr(value, f.name) != getattr(base, f.name)]
+        elif name in _FLAGS:
+            flags += [f"{_FLAGS[name]} {key}" for key in value]
+        else:
+            flags.append("--" + name.replace("_", "-"))
+    if flags:
+        what = {"classify": "a classifier", "caption": "a captioner", "translate": "a translator"}[cfg.task]
+        why = " (it reads sentences, not images)" if cfg.task == "translate" else ""
+        raise ConfigError(f"--task {cfg.task}: {', '.join(flags)} would be ignored: {what} reads no such "
+                          f"setting{why}; drop {'it' if len(flags) == 1 else 'them'}")
 
 
 def check_batch(cfg: TrainConfig, n: int, what: str) -> None:

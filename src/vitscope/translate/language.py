@@ -16,6 +16,7 @@ source word, so attention's peak can be scored against it (`Example.alignment`).
 `make_pair(seed, ...)` draws distinct sentences from a seeded generator and splits them, so train and test
 never share a sentence and the same seed gives the same pair on every machine. `rule_translate` parses a
 source sentence and translates it by the rules: the tests check every generated example against it.
+`grammar_note` says why a sentence is not one the grammar makes, and its grammatical order where there is one.
 """
 
 from __future__ import annotations
@@ -125,6 +126,41 @@ def rule_translate(source: Sequence[str]) -> tuple[tuple[str, ...], tuple[int, .
             target.append(word)
             alignment.append(pos)
     return tuple(target), tuple(alignment)
+
+
+def grammar_note(source: Sequence[str]) -> str | None:
+    """None for a sentence the grammar makes; else why it is not one, with the grammatical order where putting
+    each adjective after its noun gives one (`the old king sees a cat` -> `the king old sees a cat`). For a
+    translator's user, not a refusal: the model may still be asked what it makes of the sentence."""
+    try:
+        rule_translate(source)
+        return None
+    except InputError as e:
+        reason = str(e).split(" of '")[0]
+    reordered = _adjectives_after_nouns(source)
+    if reordered != list(source):
+        try:
+            rule_translate(reordered)
+            return f'adjectives follow their noun: "{" ".join(reordered)}"'
+        except InputError:
+            pass
+    return reason
+
+
+def _adjectives_after_nouns(words: Sequence[str]) -> list[str]:
+    """`words` with each run of adjectives before a noun moved after it (in the same order)."""
+    out: list[str] = []
+    held: list[str] = []
+    for w in words:
+        if w in ADJECTIVES:
+            held.append(w)
+            continue
+        if w in NOUNS:
+            out += [w, *held]
+        else:
+            out += [*held, w]
+        held = []
+    return out + held
 
 
 def make_example(source: Sequence[str]) -> Example:

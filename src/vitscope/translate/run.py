@@ -98,15 +98,19 @@ def open_translator(source: str | Path, *, kernels: bool = False) -> TranslatorR
     if TRANSLATOR_KEY not in meta:
         raise InputError(f"{source} is not a translation run (no {TRANSLATOR_KEY!r} in {ckpt.name}'s metadata); "
                          f"train one with vitscope train --task translate --preset translate_rnn")
-    model = translator_from_dict(json.loads(meta[TRANSLATOR_KEY]))
+    model = meta.build(TRANSLATOR_KEY, translator_from_dict)
+    src_vocab = meta.build(SOURCE_VOCAB_KEY, Vocabulary.from_dict)
+    tgt_vocab = meta.build(TARGET_VOCAB_KEY, Vocabulary.from_dict)
+    max_words = meta.json("max_words", int)
+    if max_words < 1:
+        raise meta.refuse("max_words", f"holds {max_words}, not a number of words")
+    config = meta.json("train_config", dict, {})
     state = load_file(str(ckpt))
     load_checked(model, state, str(ckpt))
     check_finite(state, str(ckpt))
     if kernels:
         apply(model)
-    return TranslatorRun(model.eval(), Vocabulary.from_json(meta[SOURCE_VOCAB_KEY]),
-                         Vocabulary.from_json(meta[TARGET_VOCAB_KEY]), int(meta["max_words"]),
-                         json.loads(meta.get("train_config", "{}")), ckpt)
+    return TranslatorRun(model.eval(), src_vocab, tgt_vocab, max_words, config, ckpt)
 
 
 # -- the report of a finished run ------------------------------------------------------------------------------

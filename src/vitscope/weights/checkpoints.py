@@ -56,11 +56,75 @@ def model_file_writer(model: VisionTransformer, metadata: dict | None = None) ->
     return lambda tmp: save_file(tensors, tmp, metadata=header)
 
 
-def read_metadata(path: PathLike) -> dict[str, str]:
-    """The safetensors header metadata of `path` (strings, as stored)."""
+_MISSING = object()
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+               bool: "true or false", type(None): "null", object: "a value"}
+
+
+def _types(expect) -> tuple[type, ...]:
+    return expect if isinstance(expect, tuple) else (expect,)
+
+
+class Metadata(dict):
+    """A checkpoint's safetensors metadata (str -> str, as stored) that knows its file: every JSON value in it is
+    read through `json` (and a model or vocabulary built from one through `build`), so a damaged value is one
+    InputError naming the file and the key, never a JSONDecodeError from deep inside a loader."""
+
+    def __init__(self, items: Mapping[str, str], path: PathLike):
+        super().__init__(items)
+        self.path = Path(path)
+
+    def refuse(self, key: str, what: str) -> InputError:
+        return InputError(f"{self.path}: its metadata {key!r} {what}; the file is damaged or was not written by "
+                          f"vitscope")
+
+    def json(self, key: str, expect: type | tuple[type, ...] = object, default=_MISSING):
+        """The JSON value stored under `key`, of type `expect`; `default` where the key is absent (else an
+        InputError)."""
+        if key not in self:
+            if default is _MISSING:
+                raise self.refuse(key, "is missing")
+            return default
+        try:
+            value = json.loads(self[key])
+        except (ValueError, RecursionError) as e:  # bad syntax, a number past Python's digit limit, deep nesting
+            reason = str(e).split(":")[0] or type(e).__name__
+            raise self.refuse(key, f"is not valid JSON ({reason})") from None
+        if not isinstance(value, expect) or (isinstance(value, bool) and bool not in _types(expect)):
+            names = " or ".join(_JSON_NAMES.get(t, t.__name__) for t in _types(expect))
+            raise self.refuse(key, f"holds {_JSON_NAMES.get(type(value), type(value).__name__)}, not {names}")
+        return value
+
+    def build(self, key: str, make: Callable, expect: type | tuple[type, ...] = dict):
+        """make(the JSON value under `key`): a config, a model or a vocabulary rebuilt from the metadata; a value
+        `make` cannot use is an InputError naming the file and the key."""
+        value = self.json(key, expect)
+        try:
+            return make(value)
+        except InputError as e:
+            raise self.refuse(key, f"does not hold what it should ({e})") from None
+        except KeyError as e:
+            raise self.refuse(key, f"does not hold what it should (no {e.args[0]!r})") from None
+        except (TypeError, ValueError, AttributeError, IndexError) as e:  # ConfigError is a ValueError
+            raise self.refuse(key, f"does not hold what it should ({str(e) or type(e).__name__})") from None
+
+    def numbers(self, key: str, count: int, default: tuple[float, ...]) -> tuple[float, ...]:
+        """A list of `count` finite numbers under `key` (a normalising mean or std), `default` where absent."""
+        if key not in self:
+            return default
+        value = self.json(key, list)
+        if len(value) != count or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and math.isfinite(v) for v in value):
+            raise self.refuse(key, f"is not a list of {count} finite number{'s' * (count != 1)} (one a channel): "
+                                     f"{self[key][:60]!r}")
+        return tuple(float(v) for v in value)
+
+
+def read_metadata(path: PathLike) -> Metadata:
+    """The safetensors header metadata of `path` (strings, as stored), read through `Metadata`'s checks."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
+            return Metadata(f.metadata() or {}, path)
     except SAFETENSORS_ERRORS as e:
         if not Path(path).exists():
             raise FileNotFoundError(f"no checkpoint at {path}") from None
@@ -83,7 +147,7 @@ def find_checkpoint(path: PathLike) -> Path:
     return p
 
 
-def checkpoint_metadata(source: PathLike) -> dict[str, str] | None:
+def checkpoint_metadata(source: PathLike) -> Metadata | None:
     """The metadata of the .safetensors checkpoint `source` (a run directory or the file) holds, or None where it
     holds none: what the commands read to tell a classifier, a captioner and a translator apart."""
     path = Path(source)
@@ -106,7 +170,7 @@ def load_model(path: PathLike, *, map_location: str | torch.device = "cpu") -> V
     if version != FORMAT_VERSION:
         raise InputError(f"{path} is vitscope checkpoint format {version}; this vitscope reads format "
                          f"{FORMAT_VERSION}. Upgrade vitscope.")
-    model = VisionTransformer(ViTConfig.from_dict(json.loads(meta["config"])))
+    model = meta.build("config", lambda d: VisionTransformer(ViTConfig.from_dict(d)))
     load_checked(model, read_safetensors(path), source=str(path))
     return model.to(map_location).eval()
 
@@ -132,9 +196,13 @@ def load_training_state(path: PathLike, *, map_location: str | torch.device = "c
 
 
 # -- timm -----------------------------------------------------------------------------------------
-def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateDict) -> VisionTransformer:
-    """Load a timm VisionTransformer state dict. A `pos_embed` for another grid is resampled as timm's
-    checkpoint filter does (bicubic, antialiased)."""
+def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateDict, *,
+                         source: str | None = None) -> VisionTransformer:
+    """Load a timm VisionTransformer state dict (or a vitscope checkpoint: the names are the same). A `pos_embed`
+    for another grid is resampled as timm's checkpoint filter does (bicubic, antialiased). `source` names the
+    weights in messages (default: the file, else "the state dict")."""
+    if source is None:
+        source = "the state dict" if isinstance(state_dict, Mapping) else str(state_dict)
     sd = strip_prefix(as_state_dict(state_dict))
     pos = sd.get("pos_embed")
     if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
@@ -142,7 +210,7 @@ def load_timm_state_dict(model: VisionTransformer, state_dict: PathLike | StateD
             _check_token_layout(pos.shape[1], model.num_prefix_tokens)
             sd["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size,
                                                  num_prefix_tokens=model.num_prefix_tokens, antialias=True)
-    return load_checked(model, sd, "timm checkpoint")
+    return load_checked(model, sd, source)
 
 
 def _check_token_layout(rows: int, prefix: int) -> None:
@@ -204,9 +272,10 @@ def create_from_timm(path_or_state_dict: PathLike | StateDict, **config) -> Visi
     """Build a model from a timm checkpoint: config read from the weights (plus `config`), weights loaded."""
     sd = strip_prefix(as_state_dict(path_or_state_dict))
     model = VisionTransformer(config_from_timm_state_dict(sd, **config))
-    return load_timm_state_dict(model, sd).eval()
+    source = "the state dict" if isinstance(path_or_state_dict, Mapping) else str(path_or_state_dict)
+    return load_timm_state_dict(model, sd, source=source).eval()
 
 
-__all__ = ["atomic_write", "check_state_dict", "config_from_timm_state_dict", "create_from_timm", "find_checkpoint",
-           "load_model", "load_timm_state_dict", "load_training_state", "load_weights", "model_file_writer",
-           "read_metadata", "save_model", "save_training_state"]
+__all__ = ["Metadata", "atomic_write", "check_state_dict", "config_from_timm_state_dict", "create_from_timm",
+           "find_checkpoint", "load_model", "load_timm_state_dict", "load_training_state", "load_weights",
+           "model_file_writer", "read_metadata", "save_model", "save_training_state"]

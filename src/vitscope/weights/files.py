@@ -111,12 +111,23 @@ def sniff(path: PathLike) -> str | None:
     if suffix == ".safetensors" and len(head) >= 8:
         n = int.from_bytes(head[:8], "little")
         if head[8:9] != b"{" or n > 100_000_000:  # a safetensors file starts with its header's length, then JSON
-            try:
-                head.decode("utf-8")
+            if _is_text(head):
                 return "a text file"
-            except UnicodeDecodeError:
-                return "not a safetensors file"
+            return (f"not a safetensors file (its first 8 bytes give a header of {n:,} bytes)" if n > 100_000_000
+                    else "not a safetensors file")
     return None
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file's first bytes read as text: UTF-8 (a character cut at the end allowed) with no control
+    characters but white space. A binary header can be valid UTF-8 by chance (its length's bytes, then '{}')."""
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:
+            return False
+        text = head[: e.start].decode("utf-8")
+    return bool(text) and all(c.isprintable() or c in "\t\n\r" for c in text)
 
 
 SAFETENSORS_ERRORS = tuple(e for e in (getattr(safetensors, "SafetensorError", None), OSError) if e)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,36 +48,78 @@ _HF_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=1
                     layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
 
 
-def _vit_config_from_hf(c: dict, num_classes: int) -> ViTConfig:
+# config.json's fields that vitscope reads, with what each must hold: a field of the wrong type is one InputError
+# naming the file and the field, not a TypeError (or a ZeroDivisionError) from the conversion below.
+_HF_COUNTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels")
+_HF_RATES = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+
+
+def _check_hf_config(c: dict, source: str) -> None:
+    def bad(name: str, must: str) -> InputError:
+        return InputError(f"{source}: its field {name!r} is {c[name]!r}; it must be {must} (is it a transformers "
+                          f"ViT config.json?)")
+
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for name in _HF_COUNTS:
+        if not whole(c[name]):
+            raise bad(name, "a whole number of at least 1")
+    for name in ("image_size", "patch_size"):
+        v = c[name]
+        if not (whole(v) or isinstance(v, (list, tuple)) and len(v) == 2 and all(whole(x) for x in v)):
+            raise bad(name, "a whole number of pixels of at least 1, or two of them")
+    for name in _HF_RATES:
+        if not (number(c[name]) and 0 <= c[name] < 1):
+            raise bad(name, "a probability in [0, 1)")
+    if not (number(c["layer_norm_eps"]) and c["layer_norm_eps"] > 0):
+        raise bad("layer_norm_eps", "a number above 0")
+    if not isinstance(c["qkv_bias"], bool):
+        raise bad("qkv_bias", "true or false")
+    if not isinstance(c["hidden_act"], str):
+        raise bad("hidden_act", "a string such as 'gelu'")
+    if c.get("head_dim") is not None and not whole(c["head_dim"]):
+        raise bad("head_dim", "a whole number of at least 1")
+
+
+def _vit_config_from_hf(c: dict, num_classes: int, source: str = "the transformers config") -> ViTConfig:
     c = {**_HF_DEFAULTS, **c}
+    _check_hf_config(c, source)
     if c.get("model_type", "vit") != "vit":
-        raise InputError(f"expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
+        raise InputError(f"{source}: expected a transformers ViT config (model_type 'vit'), got {c['model_type']!r}")
     if c["hidden_act"] != "gelu":
-        raise InputError(f"hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
+        raise InputError(f"{source}: hidden_act {c['hidden_act']!r} is not supported: vitscope's ViT uses exact (erf) "
                          f"GELU, transformers' 'gelu'")
     dim, heads = c["hidden_size"], c["num_attention_heads"]
     if c.get("head_dim") not in (None, dim // heads) or dim % heads:
-        raise InputError(f"hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
+        raise InputError(f"{source}: hidden_size {dim} must equal num_attention_heads {heads} x head_dim")
     patch = c["patch_size"]
     if isinstance(patch, (list, tuple)):
         if patch[0] != patch[1]:
-            raise InputError(f"only square patches are supported, got patch_size {patch}")
+            raise InputError(f"{source}: only square patches are supported, got patch_size {patch}")
         patch = patch[0]
     mlp_ratio = c["intermediate_size"] / dim
     if int(dim * mlp_ratio) != c["intermediate_size"]:
-        raise InputError(f"intermediate_size {c['intermediate_size']} is not representable as "
+        raise InputError(f"{source}: intermediate_size {c['intermediate_size']} is not representable as "
                          f"int(hidden_size * mlp_ratio) for hidden_size {dim}")
     img = c["image_size"]
-    return ViTConfig(
-        img_size=tuple(img) if isinstance(img, (list, tuple)) else img, patch_size=patch,
-        in_chans=c["num_channels"], num_classes=num_classes, embed_dim=dim, depth=c["num_hidden_layers"],
-        num_heads=heads, mlp_ratio=mlp_ratio, qkv_bias=c["qkv_bias"], norm_eps=c["layer_norm_eps"],
-        pos_embed_antialias=False, pos_drop_rate=c["hidden_dropout_prob"],
-        proj_drop_rate=c["hidden_dropout_prob"], attn_drop_rate=c["attention_probs_dropout_prob"],
-    )
+    try:
+        return ViTConfig(
+            img_size=tuple(img) if isinstance(img, (list, tuple)) else img, patch_size=patch,
+            in_chans=c["num_channels"], num_classes=num_classes, embed_dim=dim, depth=c["num_hidden_layers"],
+            num_heads=heads, mlp_ratio=mlp_ratio, qkv_bias=c["qkv_bias"], norm_eps=c["layer_norm_eps"],
+            pos_embed_antialias=False, pos_drop_rate=c["hidden_dropout_prob"],
+            proj_drop_rate=c["hidden_dropout_prob"], attn_drop_rate=c["attention_probs_dropout_prob"],
+        )
+    except ConfigError as e:  # a value of the right type that no ViT has: say which file it came from
+        raise InputError(f"{source}: {e}") from None
 
 
-def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, dict[str, Tensor]]:
+def hf_to_vitscope(state_dict: StateDict, hf_config: dict, *,
+                   source: str = "the transformers config") -> tuple[ViTConfig, dict[str, Tensor]]:
     """Convert a transformers ViTModel / ViTForImageClassification state dict (transformers 4 or 5 key
     names, with or without the `vit.` prefix) and its config dict into our config and state dict.
 
@@ -113,7 +156,7 @@ def hf_to_vitscope(state_dict: StateDict, hf_config: dict) -> tuple[ViTConfig, d
     num_classes = ours["head.weight"].shape[0] if "head.weight" in ours else 0
     if hasattr(hf_config, "to_dict"):  # a transformers ViTConfig object works as well as its dict
         hf_config = hf_config.to_dict()
-    return _vit_config_from_hf(dict(hf_config), num_classes), ours
+    return _vit_config_from_hf(dict(hf_config), num_classes, source), ours
 
 
 def _read_hf_folder(folder: Path) -> dict[str, Tensor]:
@@ -147,11 +190,28 @@ def load_hf(source: PathLike | StateDict, config: dict | PathLike | None = None)
             raise ConfigError("load_hf needs the transformers config: pass config= (a dict or a "
                              "config.json path)")
         config = folder / "config.json"
+    source_name = "the config given"
     if not isinstance(config, Mapping):
-        config = json.loads(Path(config).read_text())
-    cfg, ours = hf_to_vitscope(sd, dict(config))
+        source_name = str(config)
+        config = _read_config_json(Path(config))
+    cfg, ours = hf_to_vitscope(sd, dict(config), source=source_name)
     model = VisionTransformer(cfg)
     return load_checked(model, ours, "transformers checkpoint").eval()
+
+
+def _read_config_json(path: Path) -> dict:
+    """A transformers config.json as a dict, or an InputError naming the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no transformers config at {path}")
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (ValueError, RecursionError) as e:  # bad JSON, not UTF-8, nested past Python's limit
+        raise InputError(f"{path}: not valid JSON ({str(e).split(':')[0] or type(e).__name__}); the file is damaged "
+                         f"or is not a transformers config.json") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: holds a {type(config).__name__}, not an object of config fields; is it a "
+                         f"transformers config.json?")
+    return config
 
 
 def export_hf(model: VisionTransformer, folder: PathLike, *, labels: list[str] | None = None,

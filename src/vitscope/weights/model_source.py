@@ -13,6 +13,7 @@ timm's ImageNet weights the classes are ImageNet's indices 0-999 and mean and st
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from vitscope.errors import InputError
 from vitscope.kernels import apply
 from vitscope.models import create_model, get_config, list_models
 from vitscope.vit import VisionTransformer
-from vitscope.weights.checkpoints import create_from_timm, find_checkpoint, load_model, read_metadata
+from vitscope.weights.checkpoints import Metadata, create_from_timm, find_checkpoint, load_model, read_metadata
 from vitscope.weights.files import CAPTIONER_KEY, TRANSLATOR_KEY, VOCAB_KEY, check_finite, read_tensors, strip_prefix
 from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
 
@@ -136,18 +137,24 @@ def _shapes(ckpt: Path) -> dict[str, tuple[int, ...]]:
     return strip_prefix(raw)
 
 
-def _info(model: VisionTransformer, meta: dict[str, str], source: Path, mean: float | None = None,
+def _info(model: VisionTransformer, meta: Mapping[str, str], source: Path, mean: float | None = None,
           std: float | None = None) -> ModelInfo:
+    meta = meta if isinstance(meta, Metadata) else Metadata(meta, source)
     c = model.config.in_chans
     named = "classes" in meta
     known = "mean" in meta and "std" in meta
+    classes = meta.json("classes", list) if named else [str(i) for i in range(model.num_classes)]
+    if not all(isinstance(name, str) for name in classes):
+        raise InputError(f"{source}: its metadata 'classes' is not a list of class names; the file is damaged or "
+                         f"was not written by vitscope")
+    plain = (lambda v: (v if v is not None else 0.5,) * c)
     return ModelInfo(
-        classes=json.loads(meta["classes"]) if named else [str(i) for i in range(model.num_classes)],
-        mean=tuple(json.loads(meta["mean"])) if known else (mean if mean is not None else 0.5,) * c,
-        std=tuple(json.loads(meta["std"])) if known else (std if std is not None else 0.5,) * c,
+        classes=classes,
+        mean=meta.numbers("mean", c, plain(mean)) if known else plain(mean),
+        std=meta.numbers("std", c, plain(std)) if known else plain(std),
         dataset=meta.get("dataset"),
         source=str(source),
         named_classes=named,
         normalisation_known=known or mean is not None,
-        train_config=json.loads(meta["train_config"]) if "train_config" in meta else {},
+        train_config=meta.json("train_config", dict, {}),
     )

@@ -139,4 +139,4 @@ def load_pretrained(model: VisionTransformer, source: str | Path | dict[str, Ten
     w = sd.get(first)
     if w is not None and w.dim() == 4 and w.shape[1] != model.config.in_chans:
         sd[first] = adapt_input_channels(w, model.config.in_chans)
-    return load_timm_state_dict(model, sd)
+    return load_timm_state_dict(model, sd, source="the state dict" if isinstance(source, dict) else str(source))
