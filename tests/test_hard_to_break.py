@@ -13,7 +13,6 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from vitscope.sequence.vocab import SPECIALS, Vocabulary
 
 from test_caption_cli import one_line_error
 from vitscope.caption.run import CAPTIONER_KEY
@@ -21,6 +20,7 @@ from vitscope.caption.task import CaptionTaskConfig, build_captioner, captioner_
 from vitscope.caption.transformer import EncoderSpec
 from vitscope.cli import main
 from vitscope.errors import InputError
+from vitscope.sequence.vocab import SPECIALS, Vocabulary
 from vitscope.translate.data import ParallelData, build_translator
 from vitscope.translate.language import make_pair
 from vitscope.translate.run import translation_metadata
