@@ -194,10 +194,11 @@ class _Training:
         return log
 
     def probe(self, epoch: float) -> None:
-        """Keep the probed inputs' attention at this step (the EMA weights where the run keeps them)."""
+        """Keep the probed inputs' attention at this step (the EMA weights where the run keeps them); step 0's is
+        written with the first evaluation's or checkpoint."""
         if self.probes is not None and not self.probes.has(self.at.step):
             self.probes.record(self.at.step, epoch, self.task.probe(self.s.ema or self.s.model, device=self.s.device,
-                                                                    bf16=self.s.bf16))
+                                                                    bf16=self.s.bf16), write=self.at.step > 0)
 
     # -- one step, one evaluation ---------------------------------------------------------------------------
     def step(self, idx: Tensor, epoch: int) -> None:
@@ -299,6 +300,8 @@ class _Training:
         s = self.s
         state = {"optimizer": s.optimizer.state_dict(), "generator": self.gen.get_state(),
                  "torch_rng": torch.get_rng_state(), **self.at.to_state()}
+        if self.probes is not None:  # before the checkpoint: a resumed run finds every probe up to its step
+            self.probes.flush()
         self.last = save_checkpoint(self.run_dir, self.at.step, model=s.model, ema=s.ema, state=state,
                                     metadata=self.meta, previous=self.last)
         self.last_save_t = time.monotonic()

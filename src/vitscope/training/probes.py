@@ -30,6 +30,7 @@ class ProbeLog:
         self.path = Path(run_dir) / FILE
         self.header = {"format": FORMAT, **header, "epochs": {}}
         self.tensors: dict[str, Tensor] = {}
+        self.unwritten = False
         if images is not None:
             self.tensors["inputs/images"] = images.contiguous()
 
@@ -49,13 +50,23 @@ class ProbeLog:
     def has(self, step: int) -> bool:
         return str(step) in self.header["epochs"]
 
-    def record(self, step: int, epoch: float, tensors: dict[str, Tensor]) -> None:
+    def record(self, step: int, epoch: float, tensors: dict[str, Tensor], *, write: bool = True) -> None:
+        """Add one step's tensors; `write=False` keeps them until the next write (step 0's, so that a run which
+        fails before its first evaluation or checkpoint leaves nothing behind)."""
         for name, t in tensors.items():
             self.tensors[f"step{step}/{name}"] = t.detach().to("cpu", torch.float16).contiguous()
         self.header["epochs"][str(step)] = epoch
-        self._write()
+        self.unwritten = not write
+        if write:
+            self._write()
+
+    def flush(self) -> None:
+        """Write what `record(..., write=False)` kept back (a checkpoint is being saved)."""
+        if self.unwritten:
+            self._write()
 
     def _write(self) -> None:
+        self.unwritten = False
         meta = {"probes": json.dumps(self.header)}
         atomic_write(self.path, lambda tmp: save_file(self.tensors, str(tmp), metadata=meta))
 
