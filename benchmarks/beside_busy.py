@@ -37,9 +37,10 @@ from vitscope.console import prepare_threads
 prepare_threads()
 from vitscope.training.loop import train
 from vitscope.training.recipes import get_recipe
-name, steps = sys.argv[1], int(sys.argv[2])
+name, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cfg = get_recipe(name)
 cfg.explain_images, cfg.eval_every_steps, cfg.init_weights = 0, 0, None
+cfg.threads = threads or cfg.threads
 with tempfile.TemporaryDirectory() as d:
     r = train(cfg, d, progress=False, max_steps=steps)
 import torch
@@ -52,12 +53,12 @@ BUSY = {
 }
 
 
-def one(preset: str, steps: int, env: dict, busy: str | None) -> dict:
+def one(preset: str, steps: int, env: dict, busy: str | None, threads: int = 0) -> dict:
     other = subprocess.Popen([sys.executable, "-c", BUSY[busy]]) if busy else None
     try:
         if other is not None:
             time.sleep(1.0)  # the busy process is running before the training starts
-        out = subprocess.run([sys.executable, "-c", STEP, preset, str(steps)], env={**os.environ, **env},
+        out = subprocess.run([sys.executable, "-c", STEP, preset, str(steps), str(threads)], env={**os.environ, **env},
                              capture_output=True, text=True, timeout=3600, cwd=ROOT)
     finally:
         if other is not None:
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--busy", nargs="+", choices=list(BUSY), default=["python"])
     ap.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
                     help="environment variables for the training processes (e.g. OMP_WAIT_POLICY=ACTIVE)")
+    ap.add_argument("--threads", type=int, default=0, help="--threads for the trainings (0: the preset's)")
+    ap.add_argument("--busy-none", action="store_true", help="time the trainings alone only (beside whatever runs)")
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--steps-scale", type=float, default=1.0, help="time this many times each preset's steps")
     args = ap.parse_args(argv)
@@ -84,11 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---:|---:|" + "---:|---:|" * len(args.busy))
     for preset in args.presets:
         steps = max(2, int(PRESETS[preset] * args.steps_scale))
-        alone = [one(preset, steps, env, None) for _ in range(args.passes)]
+        alone = [one(preset, steps, env, None, args.threads) for _ in range(args.passes)]
         base = statistics.median(r["s_per_step"] for r in alone)
         cells = []
-        for b in args.busy:
-            t = statistics.median(one(preset, steps, env, b)["s_per_step"] for _ in range(args.passes))
+        for b in [] if args.busy_none else args.busy:
+            t = statistics.median(one(preset, steps, env, b, args.threads)["s_per_step"] for _ in range(args.passes))
             cells += [f"{t:.3f}", f"{t / base:.2f}x"]
         print(f"| {preset} | {alone[0]['threads']} | {base:.3f} | " + " | ".join(cells) + " |", flush=True)
 
