@@ -7,7 +7,7 @@ barrier while a core is taken loses far more than its share: this script measure
 
     .venv/bin/python benchmarks/beside_busy.py                          # every preset, alone and beside a busy loop
     .venv/bin/python benchmarks/beside_busy.py --busy python torch      # beside a Python loop, and a 1-thread matmul
-    .venv/bin/python benchmarks/beside_busy.py --env OMP_WAIT_POLICY=ACTIVE   # the same with OpenMP's spinning
+    .venv/bin/python benchmarks/beside_busy.py --env GOMP_SPINCOUNT=300000   # libgomp's default spinning instead
 
 Each case is a fresh process that trains `--steps` optimizer steps (data and model built first, untimed) and
 reports the loop's training time; the figure is seconds per step, the median of `--passes` runs. The busy
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--presets", nargs="+", choices=list(PRESETS), default=list(PRESETS))
     ap.add_argument("--busy", nargs="+", choices=list(BUSY), default=["python"])
     ap.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
-                    help="environment variables for the training processes (e.g. OMP_WAIT_POLICY=ACTIVE)")
+                    help="environment variables for the training processes (e.g. GOMP_SPINCOUNT=300000: libgomp's "
+                         "default spinning)")
     ap.add_argument("--threads", type=int, default=0, help="--threads for the trainings (0: the preset's)")
     ap.add_argument("--busy-none", action="store_true", help="time the trainings alone only (beside whatever runs)")
     ap.add_argument("--passes", type=int, default=1)
