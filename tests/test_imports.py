@@ -16,8 +16,8 @@ import vitscope
 PACKAGE = Path(vitscope.__file__).resolve().parent
 
 # DESIGN.md's layers, highest first: cli -> training -> tasks (caption, translate) -> the sequence package ->
-# weights / models -> kernels, inspect -> the model files -> attention, positional, data; `errors`, `fields`, `io`
-# and `figures` serve every layer. A package may import its own layer or lower ones.
+# weights / models -> kernels, inspect -> the model files -> attention, positional, data; `errors`, `fields`, `io`,
+# `figures` and `param_groups` serve every layer. A package may import its own layer or lower ones.
 LAYERS = [
     {"__main__", "console"},
     {"cli"},
@@ -28,7 +28,7 @@ LAYERS = [
     {"kernels", "inspect"},
     {"vit", "decoder"},
     {"attention", "positional", "data"},
-    {"errors", "fields", "io", "figures"},
+    {"errors", "fields", "io", "figures", "param_groups"},
 ]
 
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from vitscope.attention import MultiHeadAttention
 from vitscope.errors import ConfigError, InputError
 from vitscope.fields import check_types
+from vitscope.param_groups import param_groups
 from vitscope.positional import resample_pos_embed, sincos_2d
 
 
@@ -393,15 +394,3 @@ class VisionTransformer(nn.Module):
     def param_groups(self, weight_decay: float) -> list[dict]:
         """AdamW groups: decay on matrices only, never on norms, biases, tokens or position tables."""
         return param_groups(self, weight_decay)
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups for any vitscope model: decay on matrices only, never on norms, biases, or what the model
-    lists in `no_weight_decay()` (tokens, position tables, word embeddings)."""
-    skip = model.no_weight_decay()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-

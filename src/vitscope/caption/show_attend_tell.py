@@ -45,9 +45,9 @@ from vitscope.caption.encoder import (
 )
 from vitscope.errors import ConfigError
 from vitscope.fields import check_decoder_sizes
+from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import masked_xent, token_counts
 from vitscope.sequence.vocab import PAD
-from vitscope.vit import param_groups
 
 
 @dataclass

@@ -26,9 +26,9 @@ from torch import Tensor, nn
 
 from vitscope.caption.encoder import EncoderSpec, MemoryPositions, build_encoder, encode_tokens
 from vitscope.decoder import TransformerDecoder
+from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import sequence_losses
 from vitscope.sequence.steps import DecoderSteps
-from vitscope.vit import param_groups
 
 
 # -- config and model ------------------------------------------------------------------------------------

@@ -28,9 +28,9 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from vitscope.attention import AdditiveAttention
 from vitscope.fields import check_decoder_sizes
+from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import sequence_losses
 from vitscope.sequence.vocab import BOS, PAD
-from vitscope.vit import param_groups
 
 
 @dataclass

@@ -20,11 +20,12 @@ from vitscope.attention import MultiHeadAttention, key_padding_mask
 from vitscope.decoder import TransformerDecoder
 from vitscope.errors import ConfigError
 from vitscope.fields import check_decoder_sizes
+from vitscope.param_groups import param_groups
 from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.sequence.loss import sequence_losses
 from vitscope.sequence.steps import DecoderSteps
 from vitscope.sequence.vocab import PAD
-from vitscope.vit import Mlp, param_groups
+from vitscope.vit import Mlp
 
 
 @dataclass
