@@ -114,6 +114,19 @@ def test_caption_prints_captions_for_files_and_folders(run_dir, tmp_path, capsys
     assert line.endswith(rows[1]["caption"])  # the same image, the same caption
 
 
+def test_caption_reads_the_checkpoints_header_once(run_dir, tmp_path, monkeypatch, capsys):
+    """`vitscope caption RUN img` asks what the checkpoint is, then opens it: one read of its header."""
+    from vitscope.weights import checkpoints
+
+    image = tmp_path / "scene.png"
+    Image.fromarray(toy_scenes("test", 1).images[0, 0].numpy()).save(image)
+    opened, real = [], checkpoints.safe_open
+    monkeypatch.setattr(checkpoints, "safe_open", lambda path, **kw: opened.append(path) or real(path, **kw))
+    checkpoints._read_metadata.cache_clear()
+    assert main(["caption", str(run_dir), str(image)]) == 0
+    assert opened == [str(run_dir / "best.safetensors")]
+
+
 def _coco(tmp_path: Path, captions: list[dict], files=("a.png",)) -> Path:
     (tmp_path / "images").mkdir(exist_ok=True)
     for f in files:

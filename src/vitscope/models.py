@@ -52,10 +52,8 @@ def create_model(name: str, pretrained: bool | str | Path = False, *, kernels: b
     and img_size adapt them as timm does."""
     model = VisionTransformer(get_config(name, **overrides))
     if pretrained is not False and pretrained is not None:
-
         load_pretrained(model, weights_file(name) if pretrained is True else Path(pretrained))
     if kernels:
-
         apply(model)
     return model
 

@@ -91,7 +91,6 @@ def open_captioner(source: str | Path, *, vocab_file: str | Path | None = None, 
     c = model.encoder.config.in_chans
     mean, std = meta.numbers("mean", c, (0.5,) * c), meta.numbers("std", c, (0.5,) * c)
     if kernels:
-
         apply(model)
     return CaptionRun(model.eval(), vocab, mean, std, meta.get("dataset") or config.get("dataset"), config, ckpt)
 

@@ -244,7 +244,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
     elif cfg.task == "translate":
         _check_translate(cfg)
     else:
-
         if cfg.dataset in CAPTION_DATASETS:  # else the data layer's "unknown dataset", with no way forward
             raise ConfigError(f"{cfg.dataset!r} is a captioning dataset: train on it with --task caption "
                               f"(vitscope train --task caption --dataset {cfg.dataset} ...)")

@@ -8,8 +8,10 @@ so a crash leaves the old file or the new one, never half of one.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -121,9 +123,20 @@ class Metadata(dict):
 
 
 def read_metadata(path: PathLike) -> Metadata:
-    """The safetensors header metadata of `path` (strings, as stored), read through `Metadata`'s checks."""
+    """The safetensors header metadata of `path` (strings, as stored), read through `Metadata`'s checks. A command
+    asks several times (what kind of run is this? then: open it); the header is read once for each version of the
+    file (its path, modification time and size)."""
     try:
-        with safe_open(str(path), framework="pt") as f:
+        st = os.stat(path)
+    except OSError:
+        raise FileNotFoundError(f"no checkpoint at {path}") from None
+    return _read_metadata(os.fspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_metadata(path: str, mtime_ns: int, size: int) -> Metadata:
+    try:
+        with safe_open(path, framework="pt") as f:
             return Metadata(f.metadata() or {}, path)
     except SAFETENSORS_ERRORS as e:
         if not Path(path).exists():

@@ -44,7 +44,6 @@ def open_model(source: str | Path, *, kernels: bool = False) -> tuple[VisionTran
     with `kernels`, vitscope's CPU kernels swapped in (vitscope.kernels.apply)."""
     model, info = _open(source)
     if kernels:
-
         apply(model)
     return model, info
 
