@@ -132,7 +132,7 @@ def test_profile_of_the_compiled_step_names_vitscope_ops():
     assert r.returncode == 0, r.stderr[-2000:]
     assert "training step, compiled, 1 steps profiled" in r.stdout
     assert "vitscope::" in r.stdout and "CompiledFxGraph" in r.stdout
-    both = _profile("--compile", "--kernels")
+    both = _profile("--compile", "--time-kernels")
     assert both.returncode == 2 and "leave out --compile" in both.stderr
 
 
@@ -151,7 +151,7 @@ def test_profile_kernels_splits_the_step_inside_and_outside_the_kernels():
     if native.library() is None:
         pytest.skip(f"vitscope's kernels do not run here ({native.unavailable()})")
     dtype = "bfloat16" if native.has("avx512_bf16") else "float32"  # AVX2 alone: the float32 attention kernel
-    r = _profile("--set", "depth=1", "--batch", "4", "--steps", "2", "--kernels", "--dtype", dtype)
+    r = _profile("--set", "depth=1", "--batch", "4", "--steps", "2", "--time-kernels", "--dtype", dtype)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ")]
     parts = {row.split(" | ")[0][2:]: [float(v) for v in row.strip(" |").split(" | ")[1:]] for row in rows[1:5]}
