@@ -35,8 +35,10 @@
 # 5. learned positions against sinusoidal ones.
 #
 # COCO or Flickr8k photos cannot be fetched on the machines this runs on, so we use what is here:
-# Fashion-MNIST, from which vitscope builds captioned scenes. It trains three small models; the
-# last cell prints how long the run took.
+# Fashion-MNIST, from which vitscope builds captioned scenes. It trains three small models: it ran in
+# 16 minutes (974 s, executed as the tests execute it, in a Jupyter kernel) on 2 cores of an AMD EPYC
+# (Zen 3, AVX2, float32) while another training ran beside it; the last cell prints how long your run
+# took.
 #
 # The numbers in the text are the run's own: the cells that discuss a result write their text from
 # it, so a rerun that gives other numbers gives other sentences.
