@@ -37,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_interrupt)
     try:
-        from vitscope.cli.main import main as run
-
+        # SIGINT waits while torch loads: an interrupt landing inside its C++ initialisation aborted the process
+        # (SIGABRT, a stack dump) once in a few hundred tries; held back, it arrives as soon as the import is done
+        # and ends the command with its one line like any other.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            from vitscope.cli.main import main as run
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         code = run(argv)
         if code == INTERRUPTED:  # the command caught the interrupt itself, and said so
             return _leave_interrupted()
