@@ -104,7 +104,7 @@ class DecodeOptions:
 
     def __post_init__(self):
         if isinstance(self.beam, bool) or not isinstance(self.beam, int) or self.beam < 1:
-            raise ConfigError(f"beam size must be a whole number of at least 1, got {self.beam!r}")
+            raise ConfigError(f"beam size must be at least 1 (a whole number), got {self.beam!r}")
         if self.max_len is not None and self.max_len < 2:
             raise ConfigError(f"max_len must leave room for <bos> and one token, got {self.max_len}")
         if not math.isfinite(self.length_penalty):
@@ -116,8 +116,9 @@ class DecodeOptions:
     def check(self, model: StepModel) -> None:
         """Before any work: a maximum length the model's decoder positions hold."""
         if self.max_len is not None and self.max_len > model.max_len:
-            raise ConfigError(f"--max-len {self.max_len}: the decoder has {model.max_len} positions (<bos> included), "
-                              f"so outputs can be 2 to {model.max_len} tokens long; choose one in that range")
+            raise ConfigError(f"max_len={self.max_len} exceeds the decoder's {model.max_len} positions (<bos> "
+                              f"included); outputs can be 2 to {model.max_len} tokens long (--max-len): choose one "
+                              f"in that range")
 
     def kwargs(self) -> dict:
         """The keyword arguments of `decode`."""
@@ -126,16 +127,7 @@ class DecodeOptions:
 
 
 def _check(model: StepModel, max_len: int, beam: int = 1, length_penalty: float = 0.0) -> None:
-    if beam < 1:
-        raise ConfigError(f"beam size must be at least 1, got {beam}")
-    if max_len < 2:
-        raise ConfigError(f"max_len must leave room for <bos> and one token, got {max_len}")
-    if max_len > model.max_len:
-        raise ConfigError(f"max_len={max_len} exceeds the decoder's {model.max_len} positions; "
-                          f"decode with max_len <= {model.max_len} or train a decoder with more")
-    if not math.isfinite(length_penalty):
-        raise ConfigError(f"length penalty {length_penalty} is not a finite number; give one such as 0 (rank by "
-                          f"summed log-probability) or 1 (by log-probability per token)")
+    DecodeOptions(beam=beam, max_len=max_len, length_penalty=length_penalty).check(model)
 
 
 def _banned_ngrams(tokens: Tensor, n: int, vocab_size: int) -> Tensor | None:
