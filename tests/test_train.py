@@ -335,7 +335,7 @@ def test_flip_evaluation_averages_the_logits_of_each_image_and_its_mirror():
 
 def test_compile_options_turn_off_inductors_tiling_analysis_on_a_gpu_only():
     """torch 2.11's Inductor asserted in its coalesce tiling analysis on ViT-S/16's training step on a GPU;
-    `--compile` turns it off there (benchmarks/RESULTS.md, session 36), and this torch accepts the option."""
+    `--compile` turns it off there (benchmarks/RESULTS.md, NVIDIA H100), and this torch accepts the option."""
     from vitscope.training.loop import compile_options
 
     assert compile_options(torch.device("cpu")) == {}

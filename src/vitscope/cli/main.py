@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command in ("eval", "predict", "explain", "caption", "translate"):
         # the forwards reuse freed memory instead of having the kernel fault it in again: CPU inference
-        # ran 1.2-1.8x as fast (RESULTS.md); `vitscope train --keep-freed-memory true` asks for it
+        # ran 1.2-1.8x as fast (docs/performance.md); `vitscope train --keep-freed-memory true` asks for it
         allocator.keep_freed_memory()
     try:
         return args.run(args)
