@@ -20,7 +20,7 @@ one is the compile in the compiled row ("first step s" is round 1's, with a cold
 reuse the run's cache).
 
     python benchmarks/bench_vit224.py                       # everything, 1 round: ~20 min on 2 Zen 3 cores
-    python benchmarks/bench_vit224.py --rounds 3 --out benchmarks/RESULTS.md      # ~55 min there
+    python benchmarks/bench_vit224.py --rounds 3 --out benchmarks/RESULTS.md      # ~50 min there
     python benchmarks/bench_vit224.py --shapes vit_s16 --modes infer --rounds 1 --steps 2 --threads 1
     python benchmarks/bench_vit224.py --quick               # smoke run: depth 2 at 64×64, batch 4
 """
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
            machine_header({"torch_threads": threads, "transformers": transformers.__version__}), ""]
     print("\n".join(out), flush=True)
 
-    peak_spec = {"kind": "peak", "threads": threads, "sizes": [512] if args.quick else [4096], "repeats": 5,
+    peak_spec = {"kind": "peak", "threads": threads, "sizes": [512] if args.quick else [4096], "repeats": 3,
                  "malloc": "kept"}
     case = {"kind": "case", "threads": threads, "batch": batch, "warmup": args.warmup, "steps": steps,
             "overrides": overrides, "malloc": "kept"}
