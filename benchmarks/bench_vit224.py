@@ -339,8 +339,11 @@ def main(argv: list[str] | None = None) -> None:
                 rows = [row(runs[(shape, mode, dtype, impl)]) for impl in args.impls]
                 tables[shape][(mode, dtype)] = with_ratios(rows, gflop * (3 if mode == "train" else 1), peak[dtype])
         size = f"; quick: depth {cfg.depth}, {cfg.img_size}×{cfg.img_size}" if args.quick else ""
-        block += [f"### {SHAPES[shape][1]}{size}, batch {batch}, {gflop:.2f} GFLOP per image forward", "",
-                  group_table(tables[shape]), ""]
+        counts = {LABELS[r["impl"]]: r["params"] for rows in tables[shape].values() for r in rows if "params" in r}
+        params = (f"{next(iter(counts.values())):,} parameters in every implementation" if len(set(counts.values()))
+                  == 1 else "parameters differ: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+        block += [f"### {SHAPES[shape][1]}{size}, batch {batch}", "",
+                  f"{gflop:.2f} GFLOP a forward per image; {params}.", "", group_table(tables[shape]), ""]
     block += ["### Against the targets (issue 63)", "", targets_table(tables, bf16.native_matmul()), "", NOTES, ""]
     print("\n".join(block), flush=True)
     if args.out:

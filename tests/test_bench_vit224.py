@@ -30,6 +30,17 @@ def test_forward_flops_match_the_published_counts():
     assert bench.forward_flops(s16) == load_benchmark("bench_vit").forward_flops(s16)
 
 
+def test_every_implementation_builds_the_same_model():
+    import torch
+
+    bench = load_benchmark("bench_vit224")
+    for preset, _ in bench.SHAPES.values():
+        with torch.device("meta"):  # counts without allocating
+            counts = {impl: sum(p.numel() for p in bench.build(impl, preset, {}).parameters()) for impl in bench.IMPLS}
+        assert len(set(counts.values())) == 1, counts
+    assert counts["vitscope"] == 86_567_656  # ViT-B/16 with its 1000-class head, as timm's
+
+
 def _round(impl: str, batch: int, times: list[float]) -> dict:
     return {"impl": impl, "batch": batch, "times_s": times, "path": "sdpa", "first_s": 1.0,
             "background_cores": 0.1, "params": 10}
@@ -80,4 +91,4 @@ def test_quick_run_has_every_row_with_finite_ratios_and_peak_fractions(tmp_path)
             ratio, percent = float(cells[6]), float(cells[8])
             assert math.isfinite(ratio) and ratio > 0 and math.isfinite(percent) and percent > 0, cells
     assert any(line.startswith("| vit_s16 | train | float32 | ") for line in text.splitlines())
-    assert "torch.mm peak, float32: **" in text
+    assert "torch.mm peak, float32: **" in text and "parameters in every implementation" in text
