@@ -172,7 +172,7 @@ def row(runs: list[dict]) -> dict:
         return {"impl": failed["impl"], "error": failed["error"]}
     per_round = [r["batch"] / statistics.median(r["times_s"]) for r in runs]
     return {"impl": runs[0]["impl"], "path": runs[0]["path"], "images_per_s": statistics.median(per_round),
-            "per_round": per_round, "steps": [len(r["times_s"]) for r in runs], "first_s": runs[0]["first_s"],
+            "per_round": per_round, "first_s": runs[0]["first_s"],
             "background_cores": max(r["background_cores"] for r in runs), "params": runs[0]["params"]}
 
 
