@@ -136,12 +136,37 @@ def load_vit_pytorch():
     return module.ViT
 
 
+def hf_vit(cfg, attention: str):
+    """transformers' ViTForImageClassification with `cfg`'s shape (vitscope's ViTConfig: CLS token, learned
+    positions, qkv bias, Linear patch embedding), dropout 0 and `attention` ("sdpa" or "eager"), called as the
+    others are: images -> logits. Shared with bench_vit224.py."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    hf_cfg = ViTConfig(hidden_size=cfg.embed_dim, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
+                       intermediate_size=int(cfg.embed_dim * cfg.mlp_ratio), image_size=cfg.img_size,
+                       patch_size=cfg.patch_size, num_channels=cfg.in_chans, num_labels=cfg.num_classes,
+                       layer_norm_eps=cfg.norm_eps, qkv_bias=cfg.qkv_bias, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+    model = ViTForImageClassification._from_config(hf_cfg, attn_implementation=attention)
+    if model.config._attn_implementation != attention:
+        raise RuntimeError(f"transformers chose attention {model.config._attn_implementation!r}")
+
+    class Logits(torch.nn.Module):
+        def __init__(self, hf):
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, x):
+            return self.hf(pixel_values=x).logits
+
+    return Logits(model)
+
+
 def build_model(impl: str, shape: str, *, kernels: bool = True):
     """The model for (impl, shape) in float32, with the same width, depth, heads and MLP width; vitscope's
     with its kernels swapped in (vitscope.kernels.apply) unless `kernels` is False (a plain vitscope model
     is PyTorch alone, which is not what `vitscope train` runs on a CPU)."""
-    import torch
-
     cfg = shape_config(shape)
     if impl == "vitscope":
         from vitscope.models import create_model
@@ -151,25 +176,7 @@ def build_model(impl: str, shape: str, *, kernels: bool = True):
     img, p, c, d = cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim
     hidden = int(d * cfg.mlp_ratio)
     if impl in ("hf-sdpa", "hf-eager"):
-        from transformers import ViTConfig, ViTForImageClassification
-
-        hf_cfg = ViTConfig(hidden_size=d, num_hidden_layers=cfg.depth, num_attention_heads=cfg.num_heads,
-                           intermediate_size=hidden, image_size=img, patch_size=p, num_channels=c,
-                           num_labels=cfg.num_classes, layer_norm_eps=cfg.norm_eps, qkv_bias=cfg.qkv_bias,
-                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        model = ViTForImageClassification._from_config(hf_cfg, attn_implementation=impl.removeprefix("hf-"))
-        if model.config._attn_implementation != impl.removeprefix("hf-"):
-            raise RuntimeError(f"transformers chose attention {model.config._attn_implementation!r}")
-
-        class Logits(torch.nn.Module):  # the same call signature as the others: images -> logits
-            def __init__(self, hf):
-                super().__init__()
-                self.hf = hf
-
-            def forward(self, x):
-                return self.hf(pixel_values=x).logits
-
-        return Logits(model)
+        return hf_vit(cfg, impl.removeprefix("hf-"))
     if impl == "vit-pytorch":
         ViT = load_vit_pytorch()
         return ViT(image_size=img, patch_size=p, num_classes=cfg.num_classes, dim=d, depth=cfg.depth,
