@@ -100,7 +100,8 @@ SCRIPT = r"""
     const T = D.probes;
     const frames = T.frames.map(f => ({ shape: f.shape, values: decodeHalf(f.data) }));
     const dists = (T.distances || []).map(f => ({ shape: f.shape, values: decodeHalf(f.data) }));
-    const distMax = Math.max(1e-12, ...dists.map(f => Math.max(...f.values)));
+    // a head's distance coloured within the run's range (all steps, all heads): how far it moved, not how far it is
+    const distLo = Math.min(...dists.map(f => Math.min(...f.values))), distHi = Math.max(...dists.map(f => Math.max(...f.values)));
     const pics = T.images.map(im => { const e = new Image(); e.src = im.src; return e; });
     const slider = document.getElementById("probe-step"), pick = document.getElementById("probe-input");
     const view = document.getElementById("probe-view");
@@ -129,7 +130,7 @@ SCRIPT = r"""
       const c = document.createElement("div"); c.className = "cell";
       c.appendChild(canvas); c.appendChild(document.createTextNode(text)); view.appendChild(c);
     }
-    function distanceTable(f) {  // rows layers, columns heads, coloured against the run's largest distance
+    function distanceTable(f) {  // rows layers, columns heads
       const [nl, nh] = f.shape, tbl = document.createElement("table");
       tbl.className = "dist";
       tbl.innerHTML = "<tr><th>mean distance (px)</th>" + Array.from({ length: nh }, (_, h) => "<th>head " + h + "</th>").join("") + "</tr>";
@@ -137,8 +138,8 @@ SCRIPT = r"""
         const tr = document.createElement("tr");
         tr.innerHTML = "<th>layer " + l + "</th>";
         for (let h = 0; h < nh; h++) {
-          const v = f.values[l * nh + h], td = document.createElement("td"), t = v / distMax;
-          td.textContent = v.toFixed(1); td.style.background = shade(t); td.style.color = t > 0.6 ? "#000" : "#fff";
+          const v = f.values[l * nh + h], td = document.createElement("td"), t = (v - distLo) / Math.max(distHi - distLo, 1e-6);
+          td.textContent = v.toFixed(2); td.style.background = shade(t); td.style.color = t > 0.6 ? "#000" : "#fff";
           tr.appendChild(td);
         }
         tbl.appendChild(tr);
@@ -153,7 +154,7 @@ SCRIPT = r"""
     }
     function render() {
       const i = +slider.value, k = +pick.value, f = frames[i], p = T.inputs[k];
-      document.getElementById("probe-step-text").textContent = "step " + T.steps[i] + " (epoch " + T.epochs[i] + "), "
+      document.getElementById("probe-step-text").textContent = "step " + T.steps[i] + " (epoch " + +(+T.epochs[i]).toFixed(2) + "), "
         + (i + 1) + " of " + T.steps.length;
       view.innerHTML = "";
       if (T.kind === "translate") {
@@ -167,7 +168,14 @@ SCRIPT = r"""
       } else {
         const [, P] = f.shape;
         T.inputs.forEach((q, j) => cell(mapCanvas(pics[j], f.values, j * P), q.label));
-        if (dists.length) view.appendChild(distanceTable(dists[i]));
+        if (dists.length) {
+          view.appendChild(distanceTable(dists[i]));
+          const note = document.createElement("p");
+          note.className = "muted";
+          note.textContent = "Each head's mean attention distance at this step; colours run over the run's range, "
+            + distLo.toFixed(2) + " px (dark) to " + distHi.toFixed(2) + " px (bright).";
+          view.appendChild(note);
+        }
       }
       document.getElementById("over-training").dataset.step = String(T.steps[i]);
     }
