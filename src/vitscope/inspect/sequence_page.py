@@ -19,6 +19,7 @@ SEQUENCE_CSS = """  .words { font-size: 18px; max-width: 640px; margin: 4px 0 10
   .words button.active { background: #333; color: #fff; }
   .words button.wrong { color: #c00; }
   #info { font-size: 12px; color: #444; max-width: 320px; }
+  .controls select { max-width: 380px; }
 """
 
 
