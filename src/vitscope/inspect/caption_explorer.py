@@ -1,6 +1,7 @@
 # ruff: noqa: E501  (HTML and JavaScript read better unwrapped)
 """The explorer's caption mode: one self-contained HTML page (data and code inline, no network; the parts every
-page shares: vitscope.inspect.page).
+page shares: vitscope.inspect.page; the parts it shares with the translation explorer: .sequence_page; the
+"Over training" slider: .probes_page).
 
 A person picks an image, reads its generated caption, clicks a word and sees where that word
 looked: the transformer's cross-attention of one layer or the mean of layers, one head or the mean
@@ -10,6 +11,7 @@ of heads; the LSTM's alignment map. The image's reference captions stand beside 
                                  references=ds.captions[:8])
     caption_page(data)                       # in a notebook cell: the page, inline
     write_caption_page(data, "captions.html")  # the same page as a file
+    caption_explorer_data(..., probes=read_probes(run_dir))  # with a slider over the run's training steps
 
 The page takes plain data (words and their attention arrays), so it draws any captioner's output;
 `vitscope.caption.plots.write_caption_explorer` decodes a model's captions into it.

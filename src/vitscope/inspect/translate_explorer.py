@@ -1,6 +1,7 @@
 # ruff: noqa: E501  (HTML and JavaScript read better unwrapped)
 """The explorer's translation mode: one self-contained HTML page (the parts every page shares:
-vitscope.inspect.page).
+vitscope.inspect.page; the parts it shares with the caption explorer: .sequence_page; the "Over training"
+slider: .probes_page).
 
 A person picks a sentence, reads its translation, clicks a target word and sees where it looked: a bar over each
 source word, the peak marked, the gold source word (where known) underlined; and the whole heatmap of the
@@ -9,6 +10,7 @@ their mean) are chosen.
 
     data = translate_explorer_data(sources, translations, attentions, gold=..., references=...)
     write_translate_page(data, "translations.html")
+    translate_explorer_data(..., probes=read_probes(run_dir))  # with a slider over the run's training steps
 
 Each sentence's attention travels as base64 float16, (T, L, H, N) (L = H = 1 for the RNN). Tests read the
 shown row through `window.vitscope.currentRow()`.
