@@ -9,12 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from test_caption_models import one_thread  # noqa: F401 (autouse)
 from test_caption_train import toy_scenes
+from test_explorer_over_training import page_data, unhalf
 from vitscope.caption import task as caption_task
 from vitscope.cli import main
+from vitscope.inspect.probes import read_probes
 
 TINY = ["--task", "caption", "--model", "vit_tiny_patch7_28", "--set", "depth=1", "--set", "embed_dim=32",
         "--set", "num_heads=2", "--decoder-set", "dim=32", "--decoder-set", "depth=1", "--decoder-set", "num_heads=2",
@@ -62,6 +65,15 @@ def test_train_writes_a_caption_run(run_dir):
     for name in ("best.safetensors", "curves.png", "caption_attention.png", "captions.html", "summary.json"):
         assert (run_dir / name).is_file(), name
     assert json.loads((run_dir / "config.json").read_text())["task"] == "caption"
+    # captions.html carries the run's probes under "Over training": one slider entry per kept step, each the
+    # probed scenes' last-layer cross-attention over the patches (heads averaged), as probes.safetensors holds it
+    probes = read_probes(run_dir)
+    over = page_data((run_dir / "captions.html").read_text())["probes"]
+    assert over["kind"] == "caption" and over["steps"] == probes.steps and len(probes.steps) >= 2
+    for s, frame in zip(probes.steps, over["frames"]):
+        att = probes.attention(s)  # (K, T, L, H, N)
+        want = att[:, :, -1].mean(2)[..., probes.num_prefix_tokens:] if att.ndim == 5 else att
+        torch.testing.assert_close(unhalf(frame), want, atol=1e-3, rtol=1e-3)
 
 
 def test_eval_reports_greedy_and_beam(run_dir, capsys):

@@ -104,7 +104,7 @@ def test_caption_explorer_in_chromium(kind, tmp_path):
 
             page.select_option("#image", "1")
             assert page.locator("#references li").all_text_contents() == refs[1]
-            buttons = page.locator("#caption button")
+            buttons = page.locator("#words button")
             assert buttons.all_text_contents()[:len(words[1])] == words[1]
             t = min(1, buttons.count() - 1)
             buttons.nth(t).click()

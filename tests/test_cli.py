@@ -329,7 +329,8 @@ def test_eval_of_a_folder_run_reads_the_runs_folder_and_split(tmp_path, capsys):
     assert res["dataset"] == "folder" and res["split"] == "val" and res["n"] == 4  # 10% of each class held out
     assert main(["explain", str(out), "--dataset", "folder", "--split", "val", "--num", "2", "--no-report",
                  "--importance-samples", "0", "--out", str(tmp_path / "ex")]) == 0
-    assert (tmp_path / "ex" / "explorer.html").is_file()
+    page = (tmp_path / "ex" / "explorer.html").read_text()
+    assert 'id="over-training"' in page and '"steps":[0,' in page  # explaining a run: its probes' slider
 
 
 def test_the_library_presets_name_no_run_folder():

@@ -1,15 +1,18 @@
 """Attention over training: a run keeps the attention of a few fixed inputs at step 0 and at every evaluation
-(probes.safetensors), draws it at a few steps side by side (probes.png) and writes a page with a slider over the
-steps (probes.html); a resumed run ends with the same probes, bit for bit, as one that never stopped."""
+(probes.safetensors), draws it at a few steps side by side (probes.png) and gives its explorer a slider over the
+steps (explorer.html's "Over training"); a resumed run ends with the same probes, bit for bit, as one that never
+stopped."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from test_explorer_over_training import page_data, unhalf
 from test_train import TINY, tiny_config
 from vitscope.errors import InputError
-from vitscope.inspect.probes import probes_figure, probes_page, read_probes
+from vitscope.inspect.probes import probes_figure, read_probes
+from vitscope.inspect.probes_page import probes_page
 from vitscope.training.loop import train
 
 pytest.importorskip("sklearn")
@@ -18,7 +21,7 @@ pytest.importorskip("sklearn")
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("probes") / "run"
-    train(tiny_config(epochs=2), out, progress=False)
+    train(tiny_config(epochs=2, explain_images=2), out, progress=False)
     return out
 
 
@@ -37,7 +40,7 @@ def test_a_run_keeps_its_probes_at_step_0_and_every_evaluation(run):
 
 
 def test_the_figure_and_the_page(run, tmp_path):
-    assert (run / "probes.png").is_file() and (run / "probes.html").is_file()
+    assert (run / "probes.png").is_file() and not (run / "probes.html").exists()  # the explorer has the slider
     p = read_probes(run)
     fig = probes_figure(p, steps=[0, 44], path=tmp_path / "two.png")
     assert len(fig.axes) == 2 * 4 + 1  # two steps of four images, and the distance curves
@@ -65,3 +68,17 @@ def test_missing_or_damaged_probes_are_one_clear_error(tmp_path):
     (tmp_path / "probes.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(InputError, match="damaged"):
         read_probes(tmp_path)
+
+
+def test_the_explorer_has_a_slider_over_the_steps_holding_the_probes(run):
+    """explorer.html's "Over training": one slider entry per kept step, each step's class-token maps (the last
+    layer, heads averaged) and each head's mean distance as probes.safetensors holds them."""
+    p = read_probes(run)
+    page = (run / "explorer.html").read_text()
+    assert 'id="over-training"' in page and 'id="probe-step"' in page
+    over = page_data(page)["probes"]
+    assert over["kind"] == "classify" and over["steps"] == p.steps == [0, 22, 44]
+    assert len(over["frames"]) == len(over["distances"]) == len(p.steps)
+    for s, frame, dist in zip(p.steps, over["frames"], over["distances"]):
+        torch.testing.assert_close(unhalf(frame), p.attention(s)[:, -1].mean(1), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(unhalf(dist), p.distance(s), atol=1e-2, rtol=1e-3)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from test_explorer_over_training import page_data, unhalf
 from vitscope.cli import main
 from vitscope.inspect.probes import read_probes
 from vitscope.translate.language import LEXICON
@@ -52,7 +53,12 @@ def test_train_keeps_the_alignment_of_four_test_sentences_over_training(run):
     # each target word's attention is a distribution over the source words (pads get none)
     torch.testing.assert_close(att[: len(item["target"]), : len(item["source"])].sum(-1),
                                torch.ones(len(item["target"])), atol=2e-3, rtol=0)
-    assert (run / "probes.png").is_file() and "vitscope-data" in (run / "probes.html").read_text()
+    assert (run / "probes.png").is_file() and not (run / "probes.html").exists()
+    # translations.html carries them under "Over training": one slider entry per step, the alignment as kept
+    over = page_data((run / "translations.html").read_text())["probes"]
+    assert over["kind"] == "translate" and over["steps"] == probes.steps
+    for s, frame in zip(probes.steps, over["frames"]):
+        torch.testing.assert_close(unhalf(frame), probes.attention(s), atol=1e-3, rtol=1e-3)  # (K, T, N), RNN
 
 
 def test_eval_scores_the_test_sentences(run, capsys):

@@ -379,11 +379,11 @@ assert att_long > no_long + 0.5 and att_long > 0.8  # with it, long sentences ar
 # Nobody told the model where to look, so when did it find out? Every run keeps the attention of four
 # test sentences, teacher-forced on their references, before the first step and at each evaluation (here
 # every 25 steps: `eval_every_steps=25`), in `probes.safetensors` beside its metrics. `read_probes` reads
-# them back, `probes_figure` draws one sentence at four steps side by side, and `probes_page` is the same
-# with a slider over every step.
+# them back, `probes_figure` draws one sentence at four steps side by side, and the explorer below shows the
+# same under a slider over every step.
 
 # %%
-from vitscope.inspect import probes_figure, probes_page, read_probes  # noqa: E402
+from vitscope.inspect import probes_figure, read_probes  # noqa: E402
 
 probes = read_probes(run_dir)
 display(probes_figure(probes))
@@ -411,18 +411,16 @@ assert curve[0] < 0.3 and curve[probes.steps[-1]] > 0.8
 # %% [markdown]
 # Before training the attention is spread almost evenly (the first panel), so its peak lands on the gold
 # word about as often as chance would put it there (the step-0 share above). The shares printed above say
-# when the alignment appears; move the slider to watch it form:
-
-# %%
-display(probes_page(probes))
+# when the alignment appears; the explorer's slider below shows it forming.
 
 # %% [markdown]
 # ## The translation explorer
 #
 # The explorer shows the attention of several sentences at once: pick a sentence, read its
 # translation (beam search here), click one of its words and see where it looked, a bar over each
-# source word with the gold one underlined, and the whole sentence's heatmap below. In a notebook it
-# shows inline; `.save("translations.html")` writes the same page to a file.
+# source word with the gold one underlined, and the whole sentence's heatmap below. Given the run's probes
+# it adds "Over training": move its slider from step 0 to the end to watch the alignment form. In a notebook
+# it shows inline; `.save("translations.html")` writes the same page to a file.
 
 # %%
 from vitscope.inspect.translate_explorer import translate_explorer_data, translate_page  # noqa: E402
@@ -431,12 +429,12 @@ shown = data.test.examples[:8]
 translations = translator.translate([e.source for e in shown], beam=3)
 page = translate_page(translate_explorer_data(
     [t.source for t in translations], [t.words for t in translations], [t.attention for t in translations],
-    gold=[e.alignment for e in shown], references=[e.target for e in shown]))
+    gold=[e.alignment for e in shown], references=[e.target for e in shown], probes=probes))
 display(page)
 
 # %% [markdown]
 # The run also wrote `alignment.png` and `translations.html` (the same explorer over its first test
-# sentences), `probes.png` and `probes.html` (the views above), beside its config, its summary and its
+# sentences, with the same slider), `probes.png` (the figure above), beside its config, its summary and its
 # training curves:
 
 # %%

@@ -29,6 +29,7 @@ from vitscope.data import normalize
 from vitscope.figures import Figure
 from vitscope.inspect.caption_explorer import caption_explorer_data, caption_page
 from vitscope.inspect.page import Page
+from vitscope.inspect.probes import Probes
 from vitscope.sequence.decoding import beam_search, decode, greedy
 from vitscope.sequence.vocab import Vocabulary
 
@@ -124,21 +125,24 @@ def caption_figure(model, image: Tensor, vocab: Vocabulary, mean: Sequence[float
 
 def explore_captions(model, images: Tensor, vocab: Vocabulary, *, mean: Sequence[float], std: Sequence[float],
                      beam: int = 5, max_len: int | None = None, references: Sequence[Sequence[str]] | None = None,
-                     names: Sequence[str] | None = None, title: str = "vitscope captions") -> Page:
+                     names: Sequence[str] | None = None, title: str = "vitscope captions",
+                     probes: Probes | None = None) -> Page:
     """Caption uint8 `images` (B, C, H, W) with `model` (eval mode; normalised with the training
     mean/std) into the explorer's caption page, each word with where it looked: a notebook shows it
-    inline, `.save(path)` writes it."""
+    inline, `.save(path)` writes it. With a run's `probes` (`read_probes(run_dir)`) the page adds "Over
+    training", a slider over the steps the run kept."""
     out = decode(model, normalize(images, mean, std), beam=beam, max_len=max_len)
     attentions = [a[: int(n)] for a, n in zip(out.attention, out.lengths)]
     data = caption_explorer_data(images, out.words(vocab), attentions, grid=tuple(model.grid),
-                                 num_prefix_tokens=model.num_prefix_tokens, references=references, names=names)
+                                 num_prefix_tokens=model.num_prefix_tokens, references=references, names=names,
+                                 probes=probes)
     return caption_page(data, title=title)
 
 
 def write_caption_explorer(model, images: Tensor, vocab: Vocabulary, out_path: str | Path, *,
                            mean: Sequence[float], std: Sequence[float], beam: int = 5, max_len: int | None = None,
                            references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
-                           title: str = "vitscope captions") -> Path:
+                           title: str = "vitscope captions", probes: Probes | None = None) -> Path:
     """`explore_captions(...)` written to `out_path` (.html)."""
     return explore_captions(model, images, vocab, mean=mean, std=std, beam=beam, max_len=max_len,
-                            references=references, names=names, title=title).save(out_path)
+                            references=references, names=names, title=title, probes=probes).save(out_path)

@@ -28,6 +28,7 @@ from vitscope.caption.task import (
     vocab_from_metadata,
 )
 from vitscope.errors import InputError
+from vitscope.inspect.probes import run_probes
 from vitscope.kernels import apply
 from vitscope.sequence.vocab import Vocabulary
 from vitscope.weights.checkpoints import checkpoint_metadata, find_checkpoint, read_metadata
@@ -115,6 +116,7 @@ def write_caption_report(run_dir: Path, model: Captioner, vocab: Vocabulary, dat
         n = min(images, len(data))
         write_caption_explorer(model, data.images[:n], vocab, run_dir / "captions.html", mean=mean, std=std,
                                beam=beam, references=data.captions[:n],
-                               names=data.names[:n] if data.names else None, title=title)
+                               names=data.names[:n] if data.names else None, title=title,
+                               probes=run_probes(run_dir))
         written.append(run_dir / "captions.html")
     return written

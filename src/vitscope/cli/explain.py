@@ -111,6 +111,7 @@ def explain(args: argparse.Namespace) -> list[Path]:
     from vitscope.inspect.images import model_inputs
     from vitscope.inspect.importance import ablation_importance, gradient_importance
     from vitscope.inspect.plots import write_report
+    from vitscope.inspect.probes import run_probes
 
     if not args.images and not args.dataset:
         raise ExplainError("give image files, or --dataset NAME (e.g. --dataset fashion_mnist --num 8)")
@@ -147,7 +148,8 @@ def explain(args: argparse.Namespace) -> list[Path]:
                       "gradient": gradient_importance(model, data)}
     explorer = write_explorer(model, images, out / "explorer.html", labels=labels, class_names=classes,
                               importance=importance, image_names=names, mean=mean, std=std,
-                              title=f"vitscope explorer — {Path(args.model).name}")
+                              title=f"vitscope explorer — {Path(args.model).name}",
+                              probes=run_probes(args.model) if Path(args.model).is_dir() else None)
     paths = [explorer]
     if not args.no_report:
         paths += write_report(model, images, out, labels=labels, class_names=classes, dataset=data,

@@ -1,6 +1,7 @@
 # ruff: noqa: E501  (HTML and JavaScript read better unwrapped)
 """The explorer's caption mode: one self-contained HTML page (data and code inline, no network; the parts every
-page shares: vitscope.inspect.page).
+page shares: vitscope.inspect.page; the parts it shares with the translation explorer: .sequence_page; the
+"Over training" slider: .probes_page).
 
 A person picks an image, reads its generated caption, clicks a word and sees where that word
 looked: the transformer's cross-attention of one layer or the mean of layers, one head or the mean
@@ -10,6 +11,7 @@ of heads; the LSTM's alignment map. The image's reference captions stand beside 
                                  references=ds.captions[:8])
     caption_page(data)                       # in a notebook cell: the page, inline
     write_caption_page(data, "captions.html")  # the same page as a file
+    caption_explorer_data(..., probes=read_probes(run_dir))  # with a slider over the run's training steps
 
 The page takes plain data (words and their attention arrays), so it draws any captioner's output;
 `vitscope.caption.plots.write_caption_explorer` decodes a model's captions into it.
@@ -25,17 +27,21 @@ from pathlib import Path
 
 from torch import Tensor
 
-from vitscope.errors import ConfigError
-from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, Page, half_b64, png_data_url, render_page
+from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, Page, check_size, half_b64, png_data_url, render_page
+from vitscope.inspect.probes import Probes
+from vitscope.inspect.probes_page import data_bytes, over_training, probes_data
+from vitscope.inspect.sequence_page import SEQUENCE_CSS, SEQUENCE_SCRIPT, sequence_body
 
 
 def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], attentions: Sequence[Tensor], *,
                           grid: tuple[int, int], num_prefix_tokens: int = 0,
                           references: Sequence[Sequence[str]] | None = None, names: Sequence[str] | None = None,
-                          max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> dict:
+                          probes: Probes | None = None, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> dict:
     """What the page shows, JSON-ready. images (B, C, H, W); captions[i] the words of image i;
     attentions[i] their attention, (T, N) for the LSTM or (T, L, H, N) for the transformer, row t for
-    the step that chose word t (a row after the last word is that caption's <eos>)."""
+    the step that chose word t (a row after the last word is that caption's <eos>). With a run's `probes`
+    the page adds "Over training", a slider over the steps the run kept. A page past `max_bytes` is refused
+    (a ConfigError that says how to shrink it)."""
     if not (len(images) == len(captions) == len(attentions)):
         raise ValueError(f"{len(images)} images, {len(captions)} captions and {len(attentions)} attention maps; "
                          "give one of each per image")
@@ -57,16 +63,19 @@ def caption_explorer_data(images: Tensor, captions: Sequence[Sequence[str]], att
         entries.append({"src": png_data_url(images[i]), "words": labels, "weights": half_b64(att),
                         "references": list(references[i]) if references is not None else [],
                         "name": names[i] if names is not None and i < len(names) else None})
-    if size > max_bytes:
-        raise ConfigError(f"the page would embed {size / 2**20:.1f} MiB of attention; pass fewer images or raise max_bytes")
+    over = probes_data(probes) if probes is not None else None
+    check_size(size + data_bytes(over), max_bytes, fewer="images")
     return {"grid": list(grid), "num_prefix_tokens": num_prefix_tokens, "image_size": list(images.shape[-2:]),
             "num_layers": int(shape[0]) if shape is not None else 1, "num_heads": int(shape[1]) if shape is not None else 1,
-            "kind": "lstm" if attentions and attentions[0].ndim == 2 else "transformer", "images": entries}
+            "kind": "lstm" if attentions and attentions[0].ndim == 2 else "transformer", "item": "image",
+            "images": entries, "probes": over}
 
 
 def caption_page(data: dict, *, title: str = "vitscope captions") -> Page:
     """The page for `caption_explorer_data`'s data: a notebook shows it inline, `.save(path)` writes it."""
-    return Page(render_page(title=title, data=data, css=CSS, body=BODY, script=SCRIPT))
+    css, body, script = over_training(data)
+    return Page(render_page(title=title, data=data, css=SEQUENCE_CSS + CSS + css, body=BODY + body,
+                            script=SEQUENCE_SCRIPT + SCRIPT + script), height=900 if body else 760)
 
 
 def write_caption_page(data: dict, out_path: str | Path, *, title: str = "vitscope captions") -> Path:
@@ -74,23 +83,11 @@ def write_caption_page(data: dict, out_path: str | Path, *, title: str = "vitsco
     return caption_page(data, title=title).save(out_path)
 
 
-CSS = """  #caption { font-size: 18px; max-width: 560px; margin: 4px 0 10px; }
-  #caption button { font: inherit; border: 1px solid transparent; background: none; padding: 1px 3px; margin: 1px; cursor: pointer; border-radius: 4px; }
-  #caption button:hover { border-color: #999; }
-  #caption button.active { background: #333; color: #fff; }
-  .refs { max-width: 440px; }
+CSS = """  .refs { max-width: 440px; }
   #references { margin: 0; padding-left: 18px; }
-  #info { font-size: 12px; color: #444; max-width: 320px; }
 """
 
-BODY = """<div class="controls">
-  <span><label for="image">Image</label> <select id="image"></select></span>
-  <span><label for="layer">Layer</label> <select id="layer"></select></span>
-  <span><label for="head">Head</label> <select id="head"></select></span>
-  <span><label for="opacity">Map opacity</label> <input id="opacity" type="range" min="0" max="100" value="62"></span>
-</div>
-<div id="caption"></div>
-<div class="panels">
+BODY = sequence_body("image", "Image", """<div class="panels">
   <div class="panel">
     <h2 id="map-title">Where the word looked</h2>
     <canvas id="map" class="map"></canvas>
@@ -103,30 +100,18 @@ BODY = """<div class="controls">
     the map's own maximum; the cyan box is its peak.</p>
   </div>
 </div>
-"""
+""", controls="""  <span><label for="opacity">Map opacity</label> <input id="opacity" type="range" min="0" max="100" value="62"></span>
+""")
 
 SCRIPT = r"""  const P = D.num_prefix_tokens, GH = D.grid[0], GW = D.grid[1], N = P + GH * GW;
-  const L = D.num_layers, H = D.num_heads, LSTM = D.kind === "lstm";
+  state.opacity = 0.62;
 
-  const W = D.images.map(im => decodeHalf(im.weights));  // per image (T, L, H, N)
-  const state = { image: 0, word: 0, layer: "mean", head: "mean", opacity: 0.62 };
-
-  function att(t, l, h, k) { return W[state.image][((t * L + l) * H + h) * N + k]; }
-  function value(k) {  // the selected word's attention to token k, averaged as selected
-    const ls = state.layer === "mean" ? [...Array(L).keys()] : [state.layer];
-    const hs = state.head === "mean" ? [...Array(H).keys()] : [state.head];
-    let s = 0;
-    for (const l of ls) for (const h of hs) s += att(state.word, l, h, k);
-    return s / (ls.length * hs.length);
-  }
   function currentMap() {
     const row = [], prefix = [];
-    for (let p = 0; p < GH * GW; p++) row.push(value(P + p));
-    for (let p = 0; p < P; p++) prefix.push(value(p));
-    let peak = 0;
-    for (let p = 1; p < row.length; p++) if (row[p] > row[peak]) peak = p;
+    for (let p = 0; p < GH * GW; p++) row.push(weight(state.word, P + p, N));
+    for (let p = 0; p < P; p++) prefix.push(weight(state.word, p, N));
     return { image: state.image, word: state.word, text: D.images[state.image].words[state.word],
-             layer: state.layer, head: state.head, grid: [GH, GW], row: row, prefix: prefix, peak: peak };
+             layer: state.layer, head: state.head, grid: [GH, GW], row: row, prefix: prefix, peak: peakOf(row) };
   }
 
   const SCALE = Math.max(1, Math.floor(320 / Math.max(D.image_size[0], D.image_size[1])));
@@ -152,47 +137,19 @@ SCRIPT = r"""  const P = D.num_prefix_tokens, GH = D.grid[0], GW = D.grid[1], N 
 
   function render() {
     const im = D.images[state.image], m = currentMap();
-    const cap = document.getElementById("caption");
-    cap.innerHTML = "";
-    im.words.forEach((w, t) => {
-      const b = document.createElement("button");
-      b.textContent = w; b.dataset.word = t;
-      if (t === state.word) b.className = "active";
-      b.addEventListener("click", () => setState({ word: t }));
-      cap.appendChild(b);
-    });
+    renderWords();
     const refs = document.getElementById("references");
     refs.innerHTML = "";
     for (const r of im.references) { const li = document.createElement("li"); li.textContent = r; refs.appendChild(li); }
     draw(m);
-    const src = LSTM ? "the LSTM's alignment" : (state.layer === "mean" ? "mean of layers" : "layer " + state.layer)
-      + ", " + (state.head === "mean" ? "mean of heads" : "head " + state.head);
     document.getElementById("map-title").textContent = "Where \u201c" + m.text + "\u201d looked";
     const pre = m.prefix.reduce((a, b) => a + b, 0);
-    document.getElementById("info").textContent = src + ". Peak at patch (row " + Math.floor(m.peak / GW) + ", col "
-      + (m.peak % GW) + ")" + (P ? "; " + (100 * pre).toFixed(1) + "% of the attention went to the class token (not drawn)." : ".");
-    document.body.dataset.state = JSON.stringify({ image: state.image, word: state.word, layer: state.layer, head: state.head });
+    document.getElementById("info").textContent = chosen("the LSTM's alignment") + ". Peak at patch (row "
+      + Math.floor(m.peak / GW) + ", col " + (m.peak % GW) + ")"
+      + (P ? "; " + (100 * pre).toFixed(1) + "% of the attention went to the class token (not drawn)." : ".");
   }
 
-  function setState(change) {
-    Object.assign(state, change);
-    state.word = Math.min(state.word, D.images[state.image].words.length - 1);
-    document.getElementById("image").value = String(state.image);
-    document.getElementById("layer").value = String(state.layer);
-    document.getElementById("head").value = String(state.head);
-    render();
-  }
-  fill("image", D.images.map((im, i) => [i, "image " + i + (im.name ? " \u2014 " + im.name : "")]));
-  fill("layer", [["mean", "mean of layers"]].concat(Array.from({ length: L }, (_, l) => [l, "layer " + l])));
-  fill("head", [["mean", "mean of heads"]].concat(Array.from({ length: H }, (_, h) => [h, "head " + h])));
-  document.getElementById("layer").disabled = LSTM;
-  document.getElementById("head").disabled = LSTM;
-  const num = v => v === "mean" ? "mean" : +v;
-  document.getElementById("image").addEventListener("change", e => setState({ image: +e.target.value, word: 0 }));
-  document.getElementById("layer").addEventListener("change", e => setState({ layer: num(e.target.value) }));
-  document.getElementById("head").addEventListener("change", e => setState({ head: num(e.target.value) }));
   document.getElementById("opacity").addEventListener("input", e => setState({ opacity: +e.target.value / 100 }));
   whenImagesDecoded(render);
-  setState({});
-  window.vitscope = { data: D, state: state, currentMap: currentMap, setState: setState, ready: true };
+  startExplorer((im, i) => "image " + i + (im.name ? " \u2014 " + im.name : ""), { currentMap: currentMap });
 """

@@ -6,6 +6,7 @@ the head statistics. Weights travel as base64 float16, (B, L, H, N, N) for the i
 
     explore(model, images)                               # in a notebook cell: the explorer, inline
     write_explorer(model, images, "explorer.html")       # the same page as a file
+    explore(model, images, probes=read_probes(run_dir))  # with "Over training", a slider over the run's steps
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from vitscope.inspect.explorer_page import BODY, CSS, SCRIPT
 from vitscope.inspect.images import model_inputs
 from vitscope.inspect.importance import HeadImportance
 from vitscope.inspect.page import DEFAULT_MAX_PAGE_BYTES, Page, half_b64, png_data_url, render_page
+from vitscope.inspect.probes import Probes
+from vitscope.inspect.probes_page import data_bytes, over_training, probes_data
 from vitscope.inspect.rollout import rollout
 from vitscope.inspect.stats import HeadStats, head_stats, nan_to_none
 
@@ -30,9 +33,10 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
                   class_names: Sequence[str] | None = None, stats: HeadStats | None = None,
                   importance: HeadImportance | dict[str, HeadImportance] | None = None,
                   image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
-                  std: Sequence[float] | None = None, top_k: int = 5,
+                  std: Sequence[float] | None = None, top_k: int = 5, probes: Probes | None = None,
                   max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> dict:
-    """Everything the page shows, as JSON-ready data (weights packed as base64 float16)."""
+    """Everything the page shows, as JSON-ready data (weights packed as base64 float16); with a run's `probes`,
+    the "Over training" section's data too."""
     images, originals = model_inputs(images, mean, std)
     b = images.shape[0]
     cap = capture_attention(model, images)
@@ -42,7 +46,8 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
     stats = stats or head_stats(cap)
     layers = [cap[n] for n in stats.names]
     weights = torch.stack(layers, dim=1)  # (B, L, H, N, N)
-    size = weights.numel() * 2 * 4 // 3
+    over = probes_data(probes) if probes is not None else None
+    size = weights.numel() * 2 * 4 // 3 + data_bytes(over)
     if size > max_bytes:
         per_image = size // b
         raise ConfigError(f"the explorer would embed {size / 2**20:.1f} MiB of attention weights "
@@ -76,6 +81,7 @@ def explorer_data(model: nn.Module, images: Tensor, *, labels: Sequence[int] | T
         "rollout": half_b64(roll),
         "stats": {k: v for k, v in stats.to_dict().items() if k != "layout"},
         "importance": {k: v.to_dict() for k, v in (importance or {}).items()} or None,
+        "probes": over,
     }
 
 
@@ -83,18 +89,21 @@ def explore(model: nn.Module, images: Tensor, *, labels: Sequence[int] | Tensor 
             class_names: Sequence[str] | None = None, stats: HeadStats | None = None,
             importance: HeadImportance | dict[str, HeadImportance] | None = None,
             image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
-            std: Sequence[float] | None = None, title: str = "vitscope explorer",
+            std: Sequence[float] | None = None, title: str = "vitscope explorer", probes: Probes | None = None,
             max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Page:
     """The explorer for `images` (B, C, H, W): a `Page` that a notebook shows inline and `.save(path)` writes.
 
     `images` are float tensors as the model takes them, or uint8 with the training `mean`/`std`
     (drawn then as they are). `stats` and `importance` fill the head table (computed when absent:
-    stats always, importance only if given).
+    stats always, importance only if given). With a run's `probes` (`read_probes(run_dir)`) the page adds
+    "Over training": a slider over the steps the run kept, each step's class-token maps and head distances.
     """
     data = explorer_data(model, images, labels=labels, class_names=class_names, stats=stats,
                          importance=importance, image_names=image_names, mean=mean, std=std,
-                         max_bytes=max_bytes)
-    return Page(render_page(title=title, data=nan_to_none(data), css=CSS, body=BODY, script=SCRIPT), height=900)
+                         probes=probes, max_bytes=max_bytes)
+    css, body, script = over_training(data)
+    return Page(render_page(title=title, data=nan_to_none(data), css=CSS + css, body=BODY + body,
+                            script=SCRIPT + script), height=1200 if body else 900)
 
 
 def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
@@ -103,7 +112,8 @@ def write_explorer(model: nn.Module, images: Tensor, out_path: str | Path, *,
                    importance: HeadImportance | dict[str, HeadImportance] | None = None,
                    image_names: Sequence[str] | None = None, mean: Sequence[float] | None = None,
                    std: Sequence[float] | None = None, title: str = "vitscope explorer",
-                   max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Path:
+                   probes: Probes | None = None, max_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Path:
     """Write the explorer for `images` (B, C, H, W) to `out_path` (.html): `explore(...).save(out_path)`."""
     return explore(model, images, labels=labels, class_names=class_names, stats=stats, importance=importance,
-                   image_names=image_names, mean=mean, std=std, title=title, max_bytes=max_bytes).save(out_path)
+                   image_names=image_names, mean=mean, std=std, title=title, probes=probes,
+                   max_bytes=max_bytes).save(out_path)

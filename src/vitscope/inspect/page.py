@@ -23,11 +23,19 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitscope.errors import ConfigError
 from vitscope.inspect.images import display_image
 from vitscope.io import atomic_write_text
 
 # Past this a page gets slow to open; the error says how to shrink it.
 DEFAULT_MAX_PAGE_BYTES = 64 * 2**20
+
+
+def check_size(size: int, max_bytes: int, *, fewer: str) -> None:
+    """Refuse a page that would embed more than `max_bytes` of data: a ConfigError that says how to shrink it."""
+    if size > max_bytes:
+        raise ConfigError(f"the page would embed {size / 2**20:.1f} MiB of attention; pass fewer {fewer} or raise "
+                          f"max_bytes (now {max_bytes / 2**20:.1f} MiB)")
 
 
 def png_data_url(image: Tensor) -> str:
@@ -95,6 +103,11 @@ BASE_CSS = """  body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", sans
   .panel h2 { font-size: 13px; margin: 0 0 6px; font-weight: 600; }
   canvas.map { image-rendering: pixelated; display: block; }
   .muted { color: #777; font-size: 12px; }
+  table.heat { border-collapse: collapse; font-size: 12px; }
+  table.heat td { width: 26px; height: 20px; border: 1px solid #eee; padding: 0; }
+  table.heat th { font-weight: 400; padding: 0 4px; background: none; border: none; text-align: right; }
+  table.heat th.col { writing-mode: vertical-rl; transform: rotate(180deg); height: 64px; text-align: left; }
+  table.heat tr.active th { font-weight: 700; }
 """
 
 BASE_JS = r"""
@@ -121,6 +134,30 @@ BASE_JS = r"""
   function fill(id, items) {  // a <select>'s options from [value, text] pairs
     const sel = document.getElementById(id);
     for (const [v, t] of items) { const o = document.createElement("option"); o.value = String(v); o.textContent = t; sel.appendChild(o); }
+  }
+
+  function shade(t) { const [r, g, b] = color(t); return "rgb(" + r + "," + g + "," + b + ")"; }
+
+  // A heatmap as a table: rows down the side, columns along the top (written upwards), cell (r, c) coloured by
+  // value(r, c) in 0..1; the active row in bold, a click on a row's cell calls onRow(r).
+  function heatTable(table, rows, cols, value, active, onRow) {
+    table.innerHTML = "";
+    const top = document.createElement("tr");
+    top.appendChild(document.createElement("th"));
+    for (const w of cols) { const th = document.createElement("th"); th.className = "col"; th.textContent = w; top.appendChild(th); }
+    table.appendChild(top);
+    rows.forEach((w, r) => {
+      const tr = document.createElement("tr");
+      if (r === active) tr.className = "active";
+      const th = document.createElement("th"); th.textContent = w; tr.appendChild(th);
+      cols.forEach((_, c) => {
+        const v = value(r, c), td = document.createElement("td");
+        td.style.background = shade(v); td.title = v.toFixed(3);
+        if (onRow) td.addEventListener("click", () => onRow(r));
+        tr.appendChild(td);
+      });
+      table.appendChild(tr);
+    });
   }
 
   const imgs = D.images.map(im => { const e = new Image(); e.src = im.src; return e; });

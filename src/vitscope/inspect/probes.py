@@ -15,7 +15,9 @@ inputs in `probes.safetensors` beside its metrics (vitscope.training.probes writ
     probes.steps                                  # [0, 120, 240, ...]
     probes.attention(step)                        # the tensor kept at that step
     probes_figure(probes)                         # the alignment at a few steps, side by side (a Figure)
-    probes_page(probes)                           # the page with a slider over the steps (inline in Jupyter)
+
+The explorers (explorer.html, captions.html, translations.html) show the same views under "Over training", a
+slider over the steps; `probes_page(probes)` is that section alone (vitscope.inspect.probes_page).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from torch import Tensor
 
 from vitscope.errors import InputError
 from vitscope.figures import Figure
-from vitscope.inspect.page import Page, half_b64, png_data_url, render_page
 from vitscope.inspect.plots import overlay
 
 FILE = "probes.safetensors"
@@ -99,8 +100,13 @@ def read_probes(source: str | Path) -> Probes:
                   int(header.get("num_prefix_tokens", 0)))
 
 
+def run_probes(run_dir: str | Path) -> Probes | None:
+    """The probes of the run in `run_dir`, None where it kept none (a damaged file is still an InputError)."""
+    return read_probes(run_dir) if (Path(run_dir) / FILE).is_file() else None
+
+
 # -- what one step's attention shows --------------------------------------------------------------------------
-def _heads_mean(att: Tensor) -> Tensor:
+def heads_mean(att: Tensor) -> Tensor:
     """(T, L, H, N) -> (T, N): the last layer's heads averaged; (T, N) as it is."""
     return att[:, -1].mean(1) if att.ndim == 4 else att
 
@@ -113,7 +119,7 @@ def _patch_map(row: Tensor, grid: tuple[int, int], prefix: int) -> Tensor:
 def _translate_panel(ax, probes: Probes, step: int, index: int) -> None:
     item = probes.inputs[index]
     src, tgt = item["source"], item["target"]
-    att = _heads_mean(probes.attention(step)[index])[: len(tgt), : len(src)]
+    att = heads_mean(probes.attention(step)[index])[: len(tgt), : len(src)]
     ax.imshow(att.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
     ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
@@ -143,7 +149,7 @@ def probes_figure(probes: Probes, *, steps: Sequence[int] | None = None, index: 
         fig = Figure(figsize=(1.7 * len(shown), 1.8 * len(steps)), layout="constrained")
         axes = fig.subplots(len(steps), len(shown), squeeze=False)
         for r, s in enumerate(steps):
-            att = _heads_mean(probes.attention(s)[index])
+            att = heads_mean(probes.attention(s)[index])
             for c, word in enumerate(shown):
                 overlay(axes[r, c], probes.images[index], _patch_map(att[c], probes.grid, probes.num_prefix_tokens),
                         title=word if r == 0 else None)
@@ -181,121 +187,3 @@ def probes_figure(probes: Probes, *, steps: Sequence[int] | None = None, index: 
 def _epoch(probes: Probes, step: int) -> str:
     e = probes.epochs[probes.steps.index(step)]
     return f"{e:g}" if isinstance(e, (int, float)) else str(e)
-
-
-# -- the page ---------------------------------------------------------------------------------------------------
-def probes_data(probes: Probes) -> dict:
-    """What the page reads: per probe its words or image, and per step its attention as base64 float16, each
-    reduced as the figure reduces it (a transformer's last layer, heads averaged)."""
-    out = {"kind": probes.kind, "steps": probes.steps, "epochs": probes.epochs, "inputs": probes.inputs,
-           "grid": list(probes.grid) if probes.grid else None, "images": []}
-    if probes.images is not None:
-        out["images"] = [{"src": png_data_url(im)} for im in probes.images]
-    frames = []
-    for s in probes.steps:
-        att = probes.attention(s)
-        if probes.kind == "classify":
-            maps = att[:, -1].mean(1)  # (K, P)
-        else:
-            rows = [_heads_mean(a) for a in att]  # K x (T, N)
-            if probes.kind == "caption":
-                rows = [r[:, probes.num_prefix_tokens:] for r in rows]
-            maps = torch.stack(rows)
-        frames.append({"shape": list(maps.shape), "data": half_b64(maps)})
-    out["frames"] = frames
-    return out
-
-
-def probes_page(probes: Probes, *, title: str = "vitscope: attention over training") -> Page:
-    """A self-contained page: choose a probe, move the slider over the training steps, and watch its attention
-    change (a heatmap of target words over source words, or each word's or the class token's map over the
-    image)."""
-    return Page(render_page(title=title, data=probes_data(probes), css=_CSS, body=_BODY, script=_SCRIPT))
-
-
-def write_probes_page(probes: Probes, out_path: str | Path, **kw) -> Path:
-    return probes_page(probes, **kw).save(out_path)
-
-
-_CSS = """  input[type=range] { width: 420px; }
-  .cell { display: inline-block; margin: 4px; text-align: center; font-size: 12px; vertical-align: top; }
-  table.heat { border-collapse: collapse; font-size: 12px; }
-  table.heat td { width: 26px; height: 20px; }
-  table.heat th { font-weight: normal; padding: 0 4px; }
-  table.heat th.col { writing-mode: vertical-rl; transform: rotate(180deg); height: 70px; }
-"""
-
-_BODY = """<div class="controls">
-  <label for="probe">input</label><select id="probe"></select>
-  <label for="step">step</label><input id="step" type="range" min="0" value="0">
-  <span id="stepText"></span>
-</div>
-<div id="view" class="panel"></div>
-<p class="muted">Each evaluation of the run kept these inputs' attention; the slider moves through them, from
-before the first step to the end. A transformer's view is its last layer, heads averaged.</p>
-"""
-
-_SCRIPT = r"""
-  const frames = D.frames.map(f => ({shape: f.shape, values: decodeHalf(f.data)}));
-  fill("probe", D.inputs.map((p, i) => [i, p.label || (p.words || p.target || []).join(" ") || String(i)]));
-  const slider = document.getElementById("step");
-  slider.max = String(D.steps.length - 1);
-  slider.value = String(D.steps.length - 1);
-  const view = document.getElementById("view");
-
-  function css(t) { const c = color(t); return `rgb(${c[0]},${c[1]},${c[2]})`; }
-  function mapCanvas(img, values, offset, gh, gw) {  // an image with its patch map on top
-    const size = 112, cv = document.createElement("canvas");
-    cv.width = size; cv.height = size; cv.className = "map";
-    const g = cv.getContext("2d");
-    g.imageSmoothingEnabled = false;
-    g.drawImage(img, 0, 0, size, size);
-    let max = 1e-12;
-    for (let i = 0; i < gh * gw; i++) max = Math.max(max, values[offset + i]);
-    g.globalAlpha = 0.6;
-    for (let y = 0; y < gh; y++) for (let x = 0; x < gw; x++) {
-      g.fillStyle = css(values[offset + y * gw + x] / max);
-      g.fillRect(x * size / gw, y * size / gh, Math.ceil(size / gw), Math.ceil(size / gh));
-    }
-    return cv;
-  }
-  function render() {
-    const k = Number(document.getElementById("probe").value), s = Number(slider.value), f = frames[s];
-    document.getElementById("stepText").textContent = `step ${D.steps[s]} (epoch ${D.epochs[s]})`;
-    view.innerHTML = "";
-    const p = D.inputs[k];
-    if (D.kind === "translate") {
-      const [, T, N] = f.shape, base = k * T * N;
-      const tbl = document.createElement("table"); tbl.className = "heat";
-      let head = "<tr><th></th>" + p.source.map(w => `<th class="col">${w}</th>`).join("") + "</tr>";
-      tbl.innerHTML = head;
-      p.target.forEach((w, t) => {
-        const tr = document.createElement("tr");
-        tr.innerHTML = `<th>${w}</th>`;
-        p.source.forEach((_, n) => {
-          const v = f.values[base + t * N + n], td = document.createElement("td");
-          td.style.background = css(v); td.title = v.toFixed(3); tr.appendChild(td);
-        });
-        tbl.appendChild(tr);
-      });
-      view.appendChild(tbl);
-    } else if (D.kind === "caption") {
-      const [, T, P] = f.shape, [gh, gw] = D.grid;
-      p.words.forEach((w, t) => {
-        const cell = document.createElement("div"); cell.className = "cell";
-        cell.appendChild(mapCanvas(imgs[k], f.values, (k * T + t) * P, gh, gw));
-        cell.appendChild(document.createTextNode(w)); view.appendChild(cell);
-      });
-    } else {
-      const [, P] = f.shape, [gh, gw] = D.grid;
-      D.inputs.forEach((q, i) => {
-        const cell = document.createElement("div"); cell.className = "cell";
-        cell.appendChild(mapCanvas(imgs[i], f.values, i * P, gh, gw));
-        cell.appendChild(document.createTextNode(q.label)); view.appendChild(cell);
-      });
-    }
-  }
-  slider.addEventListener("input", render);
-  document.getElementById("probe").addEventListener("change", render);
-  whenImagesDecoded(render);
-"""

@@ -20,6 +20,7 @@ from vitscope.data import CHANNELS, dataset_options, load_dataset, normalize
 from vitscope.errors import ConfigError
 from vitscope.inspect.capture import capture_attention, token_layout
 from vitscope.inspect.explorer import write_explorer
+from vitscope.inspect.probes import run_probes
 from vitscope.inspect.stats import head_stats
 from vitscope.models import create_model
 from vitscope.training.config import TrainConfig
@@ -170,4 +171,4 @@ class ClassifyTask:
             n = min(cfg.explain_images, len(self.eval_set))
             write_explorer(model.eval(), self.eval_set.images[:n], run_dir / "explorer.html",
                            labels=self.eval_set.labels[:n].tolist(), class_names=classes,
-                           mean=self.transform.mean, std=self.transform.std)
+                           mean=self.transform.mean, std=self.transform.std, probes=run_probes(run_dir))

@@ -406,7 +406,7 @@ class _Training:
             try:
                 self.task.report(self.run_dir, self.s.model, result, final)
                 if self.probes is not None:
-                    write_probe_report(self.run_dir, title=f"{self.task.label}: attention over training")
+                    write_probe_report(self.run_dir)
             except OSError as e:  # the run itself is whole: say which file, and how to write the report again
                 kept = f"the checkpoint of step {self.last.step} is kept" if self.last is not None else "no checkpoint"
                 raise CheckpointError(f"could not write the run's report: {e.strerror or e} ({e.filename}); {kept}. "

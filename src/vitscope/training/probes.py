@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from vitscope.inspect.probes import FILE, FORMAT, probes_figure, read_probes, write_probes_page
+from vitscope.inspect.probes import FILE, FORMAT, probes_figure, read_probes
 from vitscope.io import atomic_write
 
 PROBES = 4  # the inputs a run probes, at most
@@ -71,9 +71,9 @@ class ProbeLog:
         atomic_write(self.path, lambda tmp: save_file(self.tensors, str(tmp), metadata=meta))
 
 
-def write_probe_report(run_dir: Path, *, title: str) -> list[Path]:
-    """probes.png (the attention at four steps, side by side) and probes.html (a slider over every step)."""
-    probes = read_probes(run_dir)
-    probes_figure(probes, path=run_dir / "probes.png")
-    write_probes_page(probes, run_dir / "probes.html", title=title)
-    return [run_dir / "probes.png", run_dir / "probes.html"]
+def write_probe_report(run_dir: Path) -> list[Path]:
+    """probes.png: the attention at four steps, side by side. (The slider over every step is the explorer's
+    "Over training" section: the task's report reads the probes into explorer.html, captions.html or
+    translations.html.)"""
+    probes_figure(read_probes(run_dir), path=run_dir / "probes.png")
+    return [run_dir / "probes.png"]

@@ -33,8 +33,10 @@ from vitscope.training.checkpointing import (
 LOCK = ".vitscope.lock"
 # Files a training writes; the first ones mark a directory as holding a run.
 RUN_MARKERS = ("config.json", "metrics.jsonl", MANIFEST, LAST, "best.safetensors", "summary.json", LEGACY_STATE)
+# probes.html: runs before the explorers took its slider wrote it; --overwrite removes it with the rest.
 RUN_FILES = (*RUN_MARKERS, LEGACY_EMA, "curves.png", "confusion.png", "explorer.html", "caption_attention.png",
-             "captions.html", "probes.safetensors", "probes.png", "probes.html")
+             "captions.html", "alignment.png", "translations.html", "probes.safetensors", "probes.png",
+             "probes.html")
 
 
 class RunDirError(VitscopeError):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from vitscope.errors import InputError
+from vitscope.inspect.probes import run_probes
 from vitscope.inspect.translate_explorer import translate_explorer_data, write_translate_page
 from vitscope.kernels import apply
 from vitscope.sequence.decoding import decode
@@ -162,7 +163,7 @@ def write_translation_report(run_dir: Path, model: nn.Module, data: ParallelData
     results = run.translate([e.source for e in examples])
     page = translate_explorer_data([r.source for r in results], [r.words for r in results],
                                    [r.attention for r in results], gold=[e.alignment for e in examples],
-                                   references=[e.target for e in examples])
+                                   references=[e.target for e in examples], probes=run_probes(run_dir))
     write_translate_page(page, run_dir / "translations.html", title=title)
     written.append(run_dir / "translations.html")
     return written
