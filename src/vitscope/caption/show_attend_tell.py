@@ -44,7 +44,7 @@ from vitscope.caption.encoder import (
     memory_prefix_tokens,
 )
 from vitscope.errors import ConfigError
-from vitscope.fields import check_decoder_sizes
+from vitscope.fields import check_decoder_sizes, check_types
 from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import masked_xent, token_counts
 from vitscope.sequence.vocab import PAD
@@ -66,6 +66,7 @@ class ShowAttendTellConfig:
     memory: MemorySource = "tokens"  # the encoder's tokens after its last block, or its stem's grid (encoder.py)
 
     def __post_init__(self):
+        check_types(self)
         check_memory_source(self.memory)
         check_decoder_sizes(self, ("embed_dim", "hidden_dim", "attn_dim", "vocab_size"))
         if not self.attention_reg >= 0:

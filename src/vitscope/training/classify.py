@@ -54,6 +54,7 @@ class ClassifyTask:
     transform: object  # TrainTransform
     model: nn.Module
     kind = "classify"
+    unit = "images"
     metric = ACCURACY
 
     @classmethod

@@ -253,7 +253,7 @@ class _Training:
                "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
                "test_loss": ev.loss, metric.key: ev.value, "train_time_s": round(at.train_time_s, 2),
                "train_cpu_s": round(at.train_cpu_s, 2),
-               "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None, **ev.row}
+               f"{self.task.unit}_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None, **ev.row}
         if self.info.is_main:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -262,8 +262,8 @@ class _Training:
             self.bar.write(f"{shown}  train loss {row['train_loss']:.4f}  {self.cfg.eval_split} {metric.name} "
                            f"{metric.format(ev.value)}  ({at.train_time_s / 60:.1f} min)")
         # the first evaluation's weights are the best so far even at a metric of 0 (a caption run's first epoch)
-        if ev.value > at.best_acc or not (self.run_dir / "best.safetensors").exists():
-            at.best_acc = max(at.best_acc, ev.value)
+        if ev.value > at.best_metric or not (self.run_dir / "best.safetensors").exists():
+            at.best_metric = max(at.best_metric, ev.value)
             self.save_best()
         return True
 
@@ -399,9 +399,9 @@ class _Training:
         if final is None and stopped == "finished":  # a signal came after the last step
             stopped = self.stop()
         value = final.value if final is not None else None
-        best = at.best_acc if value is None else max(at.best_acc, value)
+        best = at.best_metric if value is None else max(at.best_metric, value)
         result = TrainResult(self.run_dir, metric, value, best, at.train_time_s,
-                             at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, stopped)
+                             at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, self.task.unit, stopped)
         if self.info.is_main and final is not None and at.step >= self.total:
             try:
                 self.task.report(self.run_dir, self.s.model, result, final)
