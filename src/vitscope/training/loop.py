@@ -40,6 +40,7 @@ from vitscope.training.checkpointing import (
 )
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
+from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.probes import ProbeLog, write_probe_report
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
@@ -91,8 +92,18 @@ def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
         saved = read_metadata(found.weights).json("train_config", dict, {})
     except (OSError, ValueError):
         return []  # an unreadable record: find_checkpoint's own checks speak for the files
-    now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples become lists
+    now = _by_name(json.loads(json.dumps(cfg.to_dict())))  # as saved: tuples become lists
+    saved = _by_name(nest_task_options(saved))  # a checkpoint from before the tasks' options were nested
     return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
+
+
+def _by_name(config: dict) -> dict:
+    """A config dict with each task option under its own dotted name (caption.max_len), so a change names it."""
+    out = {k: v for k, v in config.items() if k not in TASK_OPTIONS or not isinstance(v, dict)}
+    for key in TASK_OPTIONS:
+        if isinstance(config.get(key), dict):
+            out |= {f"{key}.{k}": v for k, v in config[key].items()}
+    return out
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
