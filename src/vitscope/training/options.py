@@ -51,7 +51,8 @@ def _check_decoder(kind: str, config_cls, model_cls, given: dict, *, sizes: dict
                    note: str) -> None:
     """`given` (decoder_args) as fields of `config_cls`: the config built with them (its own types and ranges
     checked), then its model on the meta device, whose parameters must fit in this machine's memory. `sizes`
-    fill the fields the data decides; `training` are the fields the training sets, not the decoder's."""
+    fill the fields the data or the options decide; `training` are the fields the training sets, not the
+    decoder's."""
     own = {f.name for f in dataclasses.fields(config_cls)} - set(sizes) - training
     unknown = sorted(set(given) - own)
     if unknown:
@@ -92,7 +93,8 @@ class CaptionOptions:
         else:
             config_cls, model_cls = ShowAttendTellConfig, ShowAttendTell
         _check_decoder(f"{self.captioner} captioner", config_cls, model_cls, self.decoder_args,
-                       sizes={"vocab_size": _CHECK_VOCAB}, training={"encoder", "max_len", "label_smoothing"},
+                       sizes={"vocab_size": _CHECK_VOCAB, "max_len": self.max_len},
+                       training={"encoder", "max_len", "label_smoothing"},
                        note="max_len and label_smoothing are training fields")
 
 
@@ -120,7 +122,8 @@ class TranslateOptions:
             raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {self.max_words}")
         model_cls, config_cls = TRANSLATORS[self.translator]
         _check_decoder(f"{self.translator} translator", config_cls, model_cls, self.decoder_args,
-                       sizes={"src_vocab_size": _CHECK_VOCAB, "tgt_vocab_size": _CHECK_VOCAB},
+                       sizes={"src_vocab_size": _CHECK_VOCAB, "tgt_vocab_size": _CHECK_VOCAB,
+                              "max_src_len": self.max_words},
                        training={"max_len", "max_src_len", "label_smoothing"},
                        note="label_smoothing is a training field")
 
