@@ -106,10 +106,10 @@ def quick_shape(small: bool = False) -> dict:
     scenes = [Scene(2, tuple((c, int(rng.integers(10))) for c in sorted(rng.choice(4, n, replace=False))))
               for n in (1, 2, 3, 4) for _ in range(100)]
     vocab = Vocabulary.build([c for sc in scenes for c in scene_captions(sc, rng)])
-    d = recipe.decoder_args
+    d = recipe.caption.decoder_args
     shape = dict(preset=recipe.model, img=img, patch=4, in_chans=enc.in_chans, enc_dim=enc.embed_dim,
                  enc_depth=enc.depth, enc_heads=enc.num_heads, enc_mlp=enc.mlp_ratio, dim=d["dim"], depth=d["depth"],
-                 heads=d["num_heads"], mlp=d["mlp_ratio"], max_len=recipe.max_len, vocab=len(vocab),
+                 heads=d["num_heads"], mlp=d["mlp_ratio"], max_len=recipe.caption.max_len, vocab=len(vocab),
                  memory_pos=d.get("memory_pos", False))
     if small:
         shape.update(img=16, enc_dim=32, enc_heads=2, dim=32, heads=2)
@@ -297,7 +297,8 @@ def curves(run_dirs: list[Path], png: Path | None) -> None:
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
         init = cfg.get("init_weights")
         start = f"encoder from {Path(init).parent.name}" if init else "from scratch"
-        label = f"{cfg.get('captioner', '?')}, {start}, seed {cfg.get('seed')}"
+        captioner = (cfg.get("caption") or {}).get("captioner") or cfg.get("captioner", "?")  # nested, or older
+        label = f"{captioner}, {start}, seed {cfg.get('seed')}"
         runs.append((label, rows))
     print(_header() + "\n")
     print("| run | epoch | train min (wall) | train min (CPU) | item accuracy % | exact match % | BLEU-4 | CIDEr-D "

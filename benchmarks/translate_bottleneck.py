@@ -38,7 +38,7 @@ def train_for(preset: str, minutes: float, out: Path) -> Path:
     steps = int(30 * minutes * 60 / max(probe.train_time_s, 1e-9))
     print(f"{preset}: {probe.train_time_s / 30 * 1000:.0f} ms a step -> {steps} steps in {minutes:g} minutes",
           flush=True)
-    steps_per_epoch = cfg.train_sentences // cfg.batch_size
+    steps_per_epoch = cfg.translate.train_sentences // cfg.batch_size
     cfg.epochs = max(1, -(-steps // steps_per_epoch))
     cfg.eval_every_steps = max(50, steps // 8)
     train(cfg, out / preset, overwrite=True, progress=False, max_steps=steps)
@@ -48,15 +48,16 @@ def train_for(preset: str, minutes: float, out: Path) -> Path:
 def by_length(run: Path) -> tuple[str, dict, dict, float]:
     import json
 
+    from vitscope.training.config import TrainConfig
     from vitscope.translate.data import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
     from vitscope.translate.language import make_pair
     from vitscope.translate.run import open_translator
 
     translator = open_translator(run)
-    cfg = translator.train_config
-    data = ParallelData.build(make_pair(cfg["seed"], train_size=cfg["train_sentences"],
-                                        test_size=cfg["test_sentences"], max_words=cfg["max_words"]))
+    cfg = TrainConfig.from_dict(translator.train_config)  # a run's config.json from before its options nested too
+    data = ParallelData.build(make_pair(cfg.seed, train_size=cfg.translate.train_sentences,
+                                        test_size=cfg.translate.test_sentences, max_words=cfg.translate.max_words))
     result = evaluate_translations(translator.model, data.test, data.tgt_vocab)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return translator.description, result.by_length, result.metrics, rows[-1]["train_time_s"]

@@ -26,6 +26,7 @@ from vitscope.caption import task as captioning
 from vitscope.caption.run import open_captioner
 from vitscope.data.transforms import TrainTransform
 from vitscope.training.loop import TrainConfig, train
+from vitscope.training.options import CaptionOptions
 from vitscope.training.recipes import get_recipe
 
 TUTORIAL_ENCODER = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, pos_embed="sincos2d", class_token=False,
@@ -55,12 +56,13 @@ def lstm(args) -> None:
     out = Path(args.runs) / args.name
     start = time.perf_counter()
     train(TrainConfig(task="caption", dataset="fmnist_scenes", model=model, model_args=model_args,
-                      init_weights=args.encoder, max_len=40, batch_size=args.batch, optimizer="adamw",
+                      init_weights=args.encoder, batch_size=args.batch, optimizer="adamw",
                       weight_decay=0.05, warmup_epochs=args.warmup, label_smoothing=0.1, eval_batch_size=500,
-                      explain_images=0, augment=TrainTransform(crop="none", flip=False), captioner="lstm",
-                      epochs=args.epochs, lr=args.lr, seed=args.seed, threads=1,
-                      decoder_args=dict(embed_dim=embed, hidden_dim=hidden, attn_dim=attn, drop=0.1,
-                                        attention_reg=args.reg, memory_pos=True, memory=args.memory)),
+                      explain_images=0, augment=TrainTransform(crop="none", flip=False),
+                      epochs=args.epochs, lr=args.lr, seed=args.seed, threads=1, caption=CaptionOptions(
+                          captioner="lstm", max_len=40,
+                          decoder_args=dict(embed_dim=embed, hidden_dim=hidden, attn_dim=attn, drop=0.1,
+                                            attention_reg=args.reg, memory_pos=True, memory=args.memory))),
           out, progress=False)
     row = {"name": args.name, "wall_s": round(time.perf_counter() - start)}
     run = open_captioner(out)

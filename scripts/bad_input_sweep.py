@@ -248,18 +248,21 @@ def config_cases() -> list[Case]:
     from vitscope.caption.transformer import TransformerCaptionerConfig
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.config import TrainConfig
+    from vitscope.training.options import CaptionOptions, TranslateOptions
     from vitscope.vit import ViTConfig
 
     out = ["--out", "{W}/out"]
     cases: list[Case] = []
-    hints = typing.get_type_hints(TrainConfig)
+    hints = {}  # TrainConfig's fields and its task options' (their flags are train's too)
+    for cls in (TrainConfig, CaptionOptions, TranslateOptions):
+        hints |= {k: v for k, v in typing.get_type_hints(cls).items() if k not in hints}
     skip = {"model_args", "decoder_args", "augment", "task", "captioner", "compile", "kernels",
-            "keep_freed_memory", "pretrained"}
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in skip:
+            "keep_freed_memory", "pretrained", "caption", "translate"}
+    for name in hints:
+        if name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
-        for v in field_values(hints[f.name], f.name):
+        flag = "--" + name.replace("_", "-")
+        for v in field_values(hints[name], name):
             # a huge value may be refused or may work (an evaluation batch past the data's size), never crash
             huge = v in ("1000000000000", "1e30")  # (and a run that diverges at lr 1e30 keeps its folder)
             cases.append(Case("train-field", f"{flag} {v!r}", ["train", *TINY, flag, v, *out], fresh_out=not huge,

@@ -233,4 +233,4 @@ def test_another_captioner_than_the_presets_drops_the_presets_decoder_fields():
     cfg = build_train_config(build_parser().parse_args(["train", "--task", "caption", "--captioner", "lstm",
                                                         "--init-weights", "none", "--decoder-set", "hidden_dim=64"]))
     cfg.validate()  # the transformer preset's dim, depth and heads are not handed to the LSTM
-    assert cfg.captioner == "lstm" and cfg.decoder_args == {"hidden_dim": 64}
+    assert cfg.caption.captioner == "lstm" and cfg.caption.decoder_args == {"hidden_dim": 64}

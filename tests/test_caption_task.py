@@ -29,6 +29,7 @@ from vitscope.sequence.vocab import PAD, Vocabulary
 from vitscope.training.caption import CaptionTask
 from vitscope.training.config import TrainConfig
 from vitscope.training.distributed import DistInfo
+from vitscope.training.options import CaptionOptions
 
 ENCODER = EncoderSpec("vit_tiny_patch7_28", dict(depth=1, embed_dim=32, num_heads=2))
 
@@ -52,9 +53,11 @@ def _training_task(kind, data, monkeypatch):
     """The loop's caption task on `data` (its first 6 scenes the test split), evaluating with beam 2."""
     monkeypatch.setattr(captioning, "load_caption_dataset",
                         lambda name, split, **kw: data if split == "train" else data.subset(range(6)))
-    cfg = TrainConfig(task="caption", captioner=kind, model="vit_tiny_patch7_28", model_args=dict(ENCODER.overrides),
-                      decoder_args=_decoder(kind), dataset="fmnist_scenes", max_len=24, batch_size=16, eval_beam=2,
-                      eval_batch_size=4, amp="fp32", augment=TrainTransform(crop="none", flip=False))
+    cfg = TrainConfig(task="caption", model="vit_tiny_patch7_28", model_args=dict(ENCODER.overrides),
+                      caption=CaptionOptions(captioner=kind, decoder_args=_decoder(kind), max_len=24,
+                                             eval_beam=2),
+                      dataset="fmnist_scenes", batch_size=16, eval_batch_size=4, amp="fp32",
+                      augment=TrainTransform(crop="none", flip=False))
     return CaptionTask.build(cfg, resume=False)
 
 

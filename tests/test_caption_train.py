@@ -21,6 +21,7 @@ from vitscope.decoder import TransformerDecoder
 from vitscope.inspect.probes import read_probes
 from vitscope.training.loop import TrainConfig, train
 from vitscope.training.optim import muon_param_names
+from vitscope.training.options import CaptionOptions
 
 
 def toy_scenes(split: str, n: int) -> CaptionDataset:
@@ -48,6 +49,7 @@ def toy(monkeypatch):
 
 
 def tiny_caption_config(**kw) -> TrainConfig:
+    """A tiny captioning run; `kw` may hold TrainConfig's fields and the caption options' (captioner=...)."""
     base = dict(task="caption", captioner="transformer", model="vit_tiny_patch7_28",
                 model_args=dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2.0),
                 decoder_args=dict(dim=32, depth=1, num_heads=2, mlp_ratio=2.0, drop=0.0), dataset="fmnist_scenes",
@@ -56,7 +58,8 @@ def tiny_caption_config(**kw) -> TrainConfig:
     if kw.get("captioner") == "lstm":
         base["decoder_args"] = dict(embed_dim=32, hidden_dim=32, attn_dim=16, drop=0.0)
     base.update(kw)
-    return TrainConfig(**base)
+    options = {k: base.pop(k) for k in list(base) if k in CaptionOptions.__dataclass_fields__}
+    return TrainConfig(**base, caption=CaptionOptions(**options))
 
 
 def test_a_caption_run_trains_end_to_end_through_the_loop(toy, tmp_path):

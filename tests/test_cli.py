@@ -264,17 +264,23 @@ def test_every_train_flag_says_what_it_does_and_its_default():
     from vitscope.cli.main import build_parser
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig
+    from vitscope.training.options import CaptionOptions, TranslateOptions
     from vitscope.training.recipes import get_recipe
 
-    for cls in (TrainConfig, TrainTransform):
+    for cls in (TrainConfig, TrainTransform, CaptionOptions, TranslateOptions):
         assert all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {a.dest: a for a in sub.choices["train"]._actions}
     quick = get_recipe("fmnist_quick")
+    assert quick.caption is None and quick.translate is None  # a classifier's: the options' own defaults show
     fields = [(f.name, getattr(quick, f.name)) for f in dataclasses.fields(TrainConfig)]
     fields += [("aug_" + f.name, getattr(quick.augment, f.name)) for f in dataclasses.fields(TrainTransform)]
+    options = {f.name: getattr(o, f.name) for o in (CaptionOptions(), TranslateOptions())
+               for f in dataclasses.fields(o)}
+    fields += options.items()
     flagged = [(dest, value) for dest, value in fields if dest in actions]
-    assert len(flagged) == len(fields) - 2  # model_args (--set) and augment (--aug-*) have no flag of their own
+    # model_args (--set), augment (--aug-*), caption and translate (their fields' flags) have no flag of their own
+    assert len(flagged) == len(fields) - 4
     for dest, value in flagged:
         text = actions[dest].help
         assert text.endswith(f"(default: {_shown(value)})") and not text.startswith("default"), dest

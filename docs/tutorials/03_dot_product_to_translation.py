@@ -50,6 +50,7 @@ import vitscope
 from vitscope.attention import AdditiveAttention, causal_mask
 from vitscope.training.config import TrainConfig
 from vitscope.training.loop import train
+from vitscope.training.options import TranslateOptions
 from vitscope.translate import (
     ParallelData,
     accuracy_by_length_figure,
@@ -253,12 +254,13 @@ assert not {e.source for e in pair.train} & {e.source for e in pair.test}
 
 # %%
 root = Path(tempfile.mkdtemp())
-settings = dict(task="translate", dataset="synthetic_pair", translator="rnn", train_sentences=4000,
-                test_sentences=600, max_words=16, batch_size=32, lr=3e-3, min_lr=1e-4, weight_decay=0.0,
+settings = dict(task="translate", dataset="synthetic_pair", batch_size=32, lr=3e-3, min_lr=1e-4, weight_decay=0.0,
                 warmup_epochs=0.1, label_smoothing=0.0, amp="fp32", kernels=False, threads=1, explain_images=4)
 sizes = {"embed_dim": 64, "hidden_dim": 64, "attn_dim": 64, "drop": 0.0}
+sentences = dict(translator="rnn", train_sentences=4000, test_sentences=600, max_words=16)
 run_dir = root / "attention"
-result = train(TrainConfig(**settings, epochs=3, eval_every_steps=25, decoder_args={**sizes, "attention": True}),
+result = train(TrainConfig(**settings, epochs=3, eval_every_steps=25,
+                           translate=TranslateOptions(**sentences, decoder_args={**sizes, "attention": True})),
                run_dir, progress=False)
 print(result.describe(), f"after {result.train_time_s:.0f} s of training")
 
@@ -333,7 +335,8 @@ assert on_second > 0.5 * misses
 # it gets more passes (five to three), since its steps are cheaper.
 
 # %%
-no_attention_run = train(TrainConfig(**settings, epochs=5, decoder_args={**sizes, "attention": False}),
+bottleneck = TranslateOptions(**sentences, decoder_args={**sizes, "attention": False})
+no_attention_run = train(TrainConfig(**settings, epochs=5, translate=bottleneck),
                          root / "no_attention", progress=False)
 print(no_attention_run.describe(), f"after {no_attention_run.train_time_s:.0f} s of training")
 no_attention = evaluate_translations(open_translator(root / "no_attention").model, data.test, data.tgt_vocab)

@@ -63,6 +63,7 @@ from vitscope.caption.scenes import CLASS_WORDS, cell_names, parse_caption
 from vitscope.data.transforms import TrainTransform
 from vitscope.positional import sincos_1d
 from vitscope.training.loop import TrainConfig, train
+from vitscope.training.options import CaptionOptions
 
 tutorial_start = time.perf_counter()
 torch.manual_seed(0)
@@ -174,13 +175,14 @@ assert classifier.value > 0.75
 
 # %%
 CAPTION = dict(task="caption", dataset="fmnist_scenes", model="vit_tiny_patch7_28", model_args=ENCODER,
-               init_weights=str(runs / "classifier" / "best.safetensors"), max_len=40, batch_size=64,
+               init_weights=str(runs / "classifier" / "best.safetensors"), batch_size=64,
                optimizer="adamw", weight_decay=0.05, warmup_epochs=0.1, label_smoothing=0.1, eval_batch_size=500,
                explain_images=0, augment=TrainTransform(crop="none", flip=False))
 start = time.perf_counter()
-result = train(TrainConfig(**CAPTION, captioner="transformer", epochs=3, lr=2e-3,
-                           decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.0,
-                                             memory_pos=True)),
+result = train(TrainConfig(**CAPTION, epochs=3, lr=2e-3, caption=CaptionOptions(
+                               captioner="transformer", max_len=40,
+                               decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.0,
+                                                 memory_pos=True))),
                runs / "transformer", progress=False)
 print(f"trained in {time.perf_counter() - start:.0f} s (evaluations included)")
 transformer = open_captioner(runs / "transformer")  # the best checkpoint, its vocabulary, mean and std
@@ -319,9 +321,10 @@ display(page)
 
 # %%
 start = time.perf_counter()
-train(TrainConfig(**CAPTION, captioner="lstm", epochs=2, lr=2e-3,
-                  decoder_args=dict(embed_dim=128, hidden_dim=256, attn_dim=128, drop=0.1, attention_reg=1.0,
-                                    memory_pos=True)),
+train(TrainConfig(**CAPTION, epochs=2, lr=2e-3, caption=CaptionOptions(
+                      captioner="lstm", max_len=40,
+                      decoder_args=dict(embed_dim=128, hidden_dim=256, attn_dim=128, drop=0.1, attention_reg=1.0,
+                                        memory_pos=True))),
       runs / "lstm", progress=False)
 print(f"trained in {time.perf_counter() - start:.0f} s (evaluations included)")
 lstm = open_captioner(runs / "lstm")

@@ -5,6 +5,7 @@ configs check the sizes they share with `check_decoder_sizes`."""
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Literal
 
@@ -72,3 +73,12 @@ def check_decoder_sizes(cfg, sizes: tuple[str, ...]) -> None:
         raise ConfigError(f"max_len must leave room for <bos> and one word, got {cfg.max_len}")
     if not 0 <= cfg.drop < 1:
         raise ConfigError(f"drop must be in [0, 1), got {cfg.drop}")
+
+
+def check_transformer_shape(cfg) -> None:
+    """What a transformer decoder's config asks of its block: an MLP ratio above 0, and `dim` split into
+    `num_heads` equal heads; else a ConfigError naming the field."""
+    if not (math.isfinite(cfg.mlp_ratio) and cfg.mlp_ratio > 0):
+        raise ConfigError(f"mlp_ratio must be a finite number above 0, got {cfg.mlp_ratio}")
+    if cfg.dim % cfg.num_heads:
+        raise ConfigError(f"dim ({cfg.dim}) must divide into num_heads ({cfg.num_heads}) equal heads")

@@ -44,7 +44,7 @@ from vitscope.caption.encoder import (
     memory_prefix_tokens,
 )
 from vitscope.errors import ConfigError
-from vitscope.fields import check_decoder_sizes
+from vitscope.fields import check_decoder_sizes, check_types
 from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import masked_xent, token_counts
 from vitscope.sequence.vocab import PAD
@@ -66,7 +66,8 @@ class ShowAttendTellConfig:
     memory: MemorySource = "tokens"  # the encoder's tokens after its last block, or its stem's grid (encoder.py)
 
     def __post_init__(self):
-        check_memory_source(self.memory)
+        check_memory_source(self.memory)  # its own message, naming the sources without quotes
+        check_types(self)
         check_decoder_sizes(self, ("embed_dim", "hidden_dim", "attn_dim", "vocab_size"))
         if not self.attention_reg >= 0:
             raise ConfigError(f"attention_reg must be 0 or more, got {self.attention_reg}")

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from vitscope.caption.encoder import EncoderSpec, MemoryPositions, build_encoder, encode_tokens
 from vitscope.decoder import TransformerDecoder
+from vitscope.fields import check_decoder_sizes, check_transformer_shape, check_types
 from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import sequence_losses
 from vitscope.sequence.steps import DecoderSteps
@@ -44,6 +45,11 @@ class TransformerCaptionerConfig:
     drop: float = 0.1
     label_smoothing: float = 0.0
     memory_pos: bool = False  # add MemoryPositions to the encoder's tokens
+
+    def __post_init__(self):
+        check_types(self)
+        check_decoder_sizes(self, ("vocab_size", "dim", "depth", "num_heads"))
+        check_transformer_shape(self)
 
     def to_dict(self) -> dict:
         return asdict(self)

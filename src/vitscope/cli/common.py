@@ -104,18 +104,34 @@ def shown(value) -> str:
     return str(value)
 
 
+def inline_options(cls) -> dict[str, type]:
+    """`cls`'s fields whose own fields are flags of their own (`metadata["flags"] == "inline"`: TrainConfig's
+    task options), by name -> their dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: next(a for a in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(a))
+            for f in dataclasses.fields(cls) if f.metadata.get("flags") == "inline"}
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", dest_prefix: str = "",
-                        defaults=None) -> None:
+                        defaults=None, _added: set[str] | None = None) -> None:
     """One flag per dataclass field (`--lr`, `--aug-policy`, ...), defaulting to 'not given'. Each flag's
     help is its field's `metadata["help"]`, with the field's value in `defaults` (an instance of `cls`:
-    what the flag's absence leaves), or else the field's own default."""
+    what the flag's absence leaves), or else the field's own default. A field marked inline (`inline_options`)
+    gives its own fields' flags in its place, by their own names; a name two of them share is one flag."""
     hints = typing.get_type_hints(cls)
+    added = set() if _added is None else _added
+    inline = inline_options(cls)
     for f in dataclasses.fields(cls):
+        if f.name in inline:
+            own = getattr(defaults, f.name, None) if defaults is not None else None
+            add_dataclass_flags(parser, inline[f.name], prefix, dest_prefix, own, added)
+            continue
         kind, choices, optional = _field_type(hints[f.name])
         flag = "--" + prefix + f.name.replace("_", "-")
         dest = dest_prefix + f.name
-        if kind is None:
+        if kind is None or dest in added:
             continue
+        added.add(dest)
         default = getattr(defaults, f.name) if defaults is not None else _field_default(f)
         text = f.metadata.get("help", "")
         text = f"{text} (default: {shown(default)})" if text else f"default: {shown(default)}"

@@ -145,6 +145,7 @@ def run_caption_eval(args) -> int:
     """`vitscope eval RUN` for a captioning run: greedy and beam decoding on a split, side by side."""
     from vitscope.caption.evaluate import evaluate_captions
     from vitscope.caption.task import CAPTION_DATASETS, load_caption_dataset
+    from vitscope.training.options import nest_task_options
 
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
     options = decode_options(args)
@@ -155,10 +156,11 @@ def run_caption_eval(args) -> int:
     if name not in CAPTION_DATASETS:
         raise UsageError(f"{name} is not a caption dataset; a captioner is evaluated on one of "
                          f"{', '.join(CAPTION_DATASETS)}")
-    cfg = run.train_config if name == run.dataset else {}
+    cfg = nest_task_options(run.train_config) if name == run.dataset else {}
+    caption = cfg.get("caption") if isinstance(cfg.get("caption"), dict) else {}
     split = args.split or cfg.get("eval_split") or "test"
     data = load_caption_dataset(name, split, root=args.data_dir or cfg.get("data_dir"), image_size=run.image_size[0],
-                                channels=run.channels, captions_file=cfg.get("captions_file"))
+                                channels=run.channels, captions_file=caption.get("captions_file"))
     if tuple(data.images.shape[1:]) != (run.channels, *run.image_size):
         raise UsageError(f"{name} {split} has images of {tuple(data.images.shape[1:])} but the model reads "
                          f"{(run.channels, *run.image_size)}: evaluate it on the data it was trained on")

@@ -13,7 +13,14 @@ import json
 import time
 from pathlib import Path
 
-from vitscope.cli.common import UsageError, add_dataclass_flags, given_value, nonempty_path, parse_model_sets
+from vitscope.cli.common import (
+    UsageError,
+    add_dataclass_flags,
+    given_value,
+    inline_options,
+    nonempty_path,
+    parse_model_sets,
+)
 
 
 def add_train_parser(sub) -> None:
@@ -101,8 +108,25 @@ def _check_start_weights(cfg, preset: str | None) -> None:
 DEFAULT_PRESETS = {"caption": "caption_quick", "translate": "translate_rnn"}
 
 
+def _set_options(base: dict, name: str, value, owners: list[str]) -> None:
+    """Put a task option's flag into the options it belongs to: the run's task's where that task has such a
+    field, else the first task's that has (where check_unused refuses it, naming the flag)."""
+    key = base.get("task", "classify") if base.get("task") in owners else owners[0]
+    options = base.get(key)
+    if options is not None and not isinstance(options, dict):
+        raise UsageError(f"{key} must be an object of --task {key} fields, got {options!r}")
+    base[key] = options = dict(options or {})
+    if name == "decoder_args":
+        if not isinstance(options.setdefault("decoder_args", {}), dict):
+            raise UsageError(f"decoder_args must be an object of decoder fields, got {options['decoder_args']!r}")
+        options["decoder_args"] = {**options["decoder_args"], **value}
+    else:
+        options[name] = value
+
+
 def build_train_config(args):
     from vitscope.training.loop import TrainConfig
+    from vitscope.training.options import nest_task_options
     from vitscope.training.recipes import STARTS_FROM, get_recipe
 
     if args.resume:
@@ -114,15 +138,26 @@ def build_train_config(args):
         base = get_recipe(preset).to_dict()
         if preset in STARTS_FROM:
             base["init_weights"] = preset_weights(STARTS_FROM[preset])
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    given = {k: given_value(v) for k, v in vars(args).items() if k in fields and v is not None and k != "decoder_args"}
+    base = nest_task_options(base)  # a config.json from before the tasks' options had their own dataclasses
+    inline = inline_options(TrainConfig)  # the tasks' options: their fields' flags are TrainConfig's
+    owners = {}  # a task option's name -> the options that have it
+    for key, cls in inline.items():
+        for name in cls.__dataclass_fields__:
+            owners.setdefault(name, []).append(key)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - inline.keys()
+    given = {k: given_value(v) for k, v in vars(args).items() if k in fields and v is not None}
+    options = {k: given_value(v) for k, v in vars(args).items()
+               if k in owners and v is not None and k != "decoder_args"}
     aug = {k[4:]: given_value(v) for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
     if base.get("init_weights") and "model" in given and given["model"] != base.get("model") \
             and "init_weights" not in given:
         base["init_weights"] = None  # the preset's starting weights are its own model's
-    if base.get("decoder_args") and "captioner" in given and given["captioner"] != base.get("captioner"):
-        base["decoder_args"] = {}  # the preset's decoder fields are its own captioner's; --decoder-set still applies
-    if args.resume and (given or aug or args.set or args.decoder_args or args.out or args.overwrite):
+    caption = base.get("caption")
+    if isinstance(caption, dict) and caption.get("decoder_args") and "captioner" in options \
+            and options["captioner"] != caption.get("captioner"):
+        # the preset's decoder fields are its own captioner's; --decoder-set still applies
+        base["caption"] = {**caption, "decoder_args": {}}
+    if args.resume and (given or options or aug or args.set or args.decoder_args or args.out or args.overwrite):
         raise UsageError("--resume continues the saved config exactly; drop the other training flags")
     if (args.weights_only or args.config_changes) and not args.resume:
         raise UsageError(f"{'--weights-only' if args.weights_only else '--config-changes'} goes with --resume RUN_DIR")
@@ -135,10 +170,10 @@ def build_train_config(args):
         if not isinstance(base.setdefault("model_args", {}), dict):
             raise UsageError(f"model_args must be an object of model fields, got {base['model_args']!r}")
         base["model_args"].update(parse_model_sets(args.set))
+    for name, value in options.items():
+        _set_options(base, name, value, owners[name])
     if args.decoder_args:
-        if not isinstance(base.setdefault("decoder_args", {}), dict):
-            raise UsageError(f"decoder_args must be an object of decoder fields, got {base['decoder_args']!r}")
-        base["decoder_args"].update(parse_decoder_sets(args.decoder_args))
+        _set_options(base, "decoder_args", parse_decoder_sets(args.decoder_args), owners["decoder_args"])
     try:
         return TrainConfig.from_dict(base)
     except TypeError as e:  # a field missing or of a kind the dataclass cannot even take
@@ -161,7 +196,7 @@ def run_train(args) -> int:
     if result.stopped == "signal":  # the loop said so, and how to continue, in its one line
         return 130
     print(f"{cfg.eval_split} {result.describe()}, training {result.train_time_s / 60:.1f} min, "
-          f"{result.images_per_s:.0f} images/s")
+          f"{result.items_per_s:.0f} {result.unit}/s")
     files = {"classify": "curves.png, confusion.png, explorer.html, summary.json",
              "caption": "curves.png, caption_attention.png, captions.html, summary.json; vitscope eval / caption RUN",
              "translate": "curves.png, alignment.png, translations.html, summary.json; vitscope eval / translate RUN",

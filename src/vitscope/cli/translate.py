@@ -81,6 +81,7 @@ def run_translation_eval(args) -> int:
     from pathlib import Path
 
     from vitscope.cli.common import check_out_dir
+    from vitscope.training.options import nest_task_options
     from vitscope.translate.data import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
     from vitscope.translate.language import make_pair
@@ -90,11 +91,12 @@ def run_translation_eval(args) -> int:
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None
     run = open_translator(args.checkpoint, kernels=args.kernels)
     options.check(run.model)
-    cfg = run.train_config
+    cfg = nest_task_options(run.train_config)  # its options nested, whenever it was trained
+    sentences = cfg.get("translate") if isinstance(cfg.get("translate"), dict) else {}
     if args.dataset not in (None, "synthetic_pair") or args.split not in (None, "test"):
         raise UsageError("a translator is evaluated on its own test sentences (drop --dataset and --split)")
-    pair = make_pair(cfg.get("seed", 0), train_size=cfg.get("train_sentences", 20_000),
-                     test_size=cfg.get("test_sentences", 1_000), max_words=run.max_words)
+    pair = make_pair(cfg.get("seed", 0), train_size=sentences.get("train_sentences", 20_000),
+                     test_size=sentences.get("test_sentences", 1_000), max_words=run.max_words)
     data = ParallelData.build(pair)
     if data.src_vocab != run.src_vocab or data.tgt_vocab != run.tgt_vocab:
         raise UsageError(f"{run.source}: the sentences drawn again from its config do not give the vocabularies it "

@@ -1,4 +1,4 @@
-"""Captioning: a captioner (`cfg.captioner`: transformer or lstm) with a `cfg.model` ViT encoder, on a caption
+"""Captioning: a captioner (`cfg.caption.captioner`: transformer or lstm) with a `cfg.model` ViT encoder, on a caption
 dataset (vitscope.caption). Its loss is the captioner's own (teacher-forced cross-entropy, and the LSTM's
 attention regulariser); its metric is the item accuracy on Fashion-MNIST scenes, CIDEr-D elsewhere.
 
@@ -59,6 +59,7 @@ class CaptionTask:
     counts: Tensor = field(repr=False)  # (N,) its reference captions
     tokens: Tensor = field(repr=False)  # (P, T) every reference, <bos> ... <eos> <pad>
     kind = "caption"
+    unit = "images"
     final_reevaluates = False
 
     @classmethod
@@ -66,20 +67,20 @@ class CaptionTask:
         check_channels(cfg, captioning.CAPTION_CHANNELS)
         channels = cfg.model_args.get("in_chans", 3)
         kw = dict(root=cfg.data_dir, image_size=cfg.image_size or 224, channels=channels,
-                  captions_file=cfg.captions_file)
+                  captions_file=cfg.caption.captions_file)
         train_set = captioning.load_caption_dataset(cfg.dataset, "train", **kw)
         eval_set = captioning.load_caption_dataset(cfg.dataset, cfg.eval_split, **kw)
         check_batch(cfg, len(train_set), "images")
-        vocab = train_set.build_vocab(min_count=cfg.vocab_min_count)
+        vocab = train_set.build_vocab(min_count=cfg.caption.vocab_min_count)
         c, h, w = train_set.image_shape
-        decoder = {**cfg.decoder_args, "label_smoothing": cfg.label_smoothing}
+        decoder = {**cfg.caption.decoder_args, "label_smoothing": cfg.label_smoothing}
         config = captioning.CaptionTaskConfig(
-            kind=cfg.captioner, decoder=decoder, max_len=cfg.max_len,
+            kind=cfg.caption.captioner, decoder=decoder, max_len=cfg.caption.max_len,
             encoder=EncoderSpec(cfg.model, dict(cfg.model_args), start_weights(cfg, resume)))
         torch.manual_seed(cfg.seed)
         model = captioning.build_captioner(config, len(vocab), in_chans=c, img_size=(h, w) if h != w else h)
         model.config.encoder.pretrained = False  # a checkpoint rebuilds it from its own weights
-        index, tokens = train_set.pairs(vocab, max_len=cfg.max_len)  # every reference caption once
+        index, tokens = train_set.pairs(vocab, max_len=cfg.caption.max_len)  # every reference caption once
         counts = torch.bincount(index, minlength=len(train_set))
         first_row = torch.cumsum(counts, 0) - counts
         return cls(cfg, train_set, eval_set, cfg.augment.for_dataset(train_set), vocab, model, first_row, counts,
@@ -87,7 +88,7 @@ class CaptionTask:
 
     @property
     def label(self) -> str:
-        return f"{self.cfg.captioner} captioner"
+        return f"{self.cfg.caption.captioner} captioner"
 
     @property
     def train_module(self) -> nn.Module:
@@ -116,7 +117,7 @@ class CaptionTask:
     def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
         """Every rank decodes the whole split (the figures need every caption; the split is small)."""
         result = evaluate_captions(model, self.eval_set, self.vocab, mean=self.transform.mean,
-                                   std=self.transform.std, beam=self.cfg.eval_beam,
+                                   std=self.transform.std, beam=self.cfg.caption.eval_beam,
                                    batch_size=min(self.cfg.eval_batch_size, 256), device=device, bf16=bf16)
         m = result.metrics
         value = m["item_accuracy"] if self.metric is ITEM_ACCURACY else m["cider"]
@@ -167,13 +168,13 @@ class CaptionTask:
         """curves.png, summary.json, caption_attention.png (the per-word figure) and captions.html."""
         cfg, metric = self.cfg, self.metric
         plot_curves(read_metrics(run_dir / "metrics.jsonl"), run_dir / "curves.png", metric,
-                    title=f"{cfg.captioner} captioner ({cfg.model} encoder) on {cfg.dataset}")
+                    title=f"{cfg.caption.captioner} captioner ({cfg.model} encoder) on {cfg.dataset}")
         write_summary(run_dir, {
-            "task": "caption", "captioner": cfg.captioner, "model": cfg.model, "dataset": cfg.dataset,
+            "task": "caption", "captioner": cfg.caption.captioner, "model": cfg.model, "dataset": cfg.dataset,
             "metric": metric.name, metric.key: result.value, f"best_{metric.key}": result.best,
             "test": dict(final.detail["metrics"]), "examples": [detokenize(w) for w in final.detail["captions"][:8]],
             "vocabulary": len(self.vocab), **run_facts(cfg, model, result),
         })
         write_caption_report(run_dir, model.eval(), self.vocab, self.eval_set,
-                             mean=self.transform.mean, std=self.transform.std, beam=max(cfg.eval_beam, 3),
-                             images=cfg.explain_images, title=f"{cfg.captioner} captioner on {cfg.dataset}")
+                             mean=self.transform.mean, std=self.transform.std, beam=max(cfg.caption.eval_beam, 3),
+                             images=cfg.explain_images, title=f"{cfg.caption.captioner} captioner on {cfg.dataset}")

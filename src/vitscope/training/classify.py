@@ -55,6 +55,7 @@ class ClassifyTask:
     transform: object  # TrainTransform
     model: nn.Module
     kind = "classify"
+    unit = "images"
     metric = ACCURACY
 
     @classmethod

@@ -8,23 +8,19 @@ ValueError that names the field, the value and the range, so `vitscope train` ca
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from vitscope.caption.show_attend_tell import ShowAttendTellConfig
 from vitscope.caption.task import CAPTION_DATASETS
-from vitscope.caption.transformer import TransformerCaptionerConfig
 from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
-from vitscope.fields import check_types, type_name, type_ok
-from vitscope.training.model_check import check_model, check_params_memory
+from vitscope.fields import check_types
+from vitscope.training.model_check import check_model
 from vitscope.training.optim import OptimizerName
-from vitscope.translate.rnn import RNNTranslatorConfig
-from vitscope.translate.transformer import TransformerTranslatorConfig
+from vitscope.training.options import TASK_OPTIONS, CaptionOptions, TranslateOptions, nest_task_options
 
 # torch seeds are 64-bit and the data order seeds with seed * EPOCH_STRIDE + epoch (training/setup.py); 32 bits
 # fit both.
@@ -93,34 +89,18 @@ class TrainConfig:
     kernels: bool = field(default=True, metadata={
         "help": "CPU: run vitscope's kernels (vitscope.kernels.apply); false: PyTorch's ops alone"})
     explain_images: int = field(default=6, metadata={
-        "help": "test images put in the attention explorer at the end (0: no explorer)"})
-    # Captioning (vitscope.caption): `model` is the encoder, the fields below the decoder and its data.
+        "help": "test images put in the attention explorer at the end (--task translate: test sentences in "
+                "translations.html; 0: no explorer)"})
     task: Literal["classify", "caption", "translate"] = field(default="classify", metadata={
         "help": "classify: a ViT classifier; caption: a captioner whose encoder is --model, on a caption dataset "
                 "(fmnist_scenes, fmnist_scenes3, coco, karpathy, flickr8k); translate: a translator on the "
                 "synthetic language pair (dataset synthetic_pair)"})
-    captioner: Literal["transformer", "lstm"] = field(default="transformer", metadata={
-        "help": "--task caption: a transformer decoder, or the LSTM with additive attention (Show, Attend and Tell)"})
-    decoder_args: dict = field(default_factory=dict, metadata={
-        "help": "--task caption / translate: the captioner's or translator's own fields, e.g. {'dim': 128, "
-                "'depth': 2} (--decoder-set)"})
-    max_len: int = field(default=32, metadata={
-        "help": "--task caption: the decoder's positions, <bos> and <eos> included: the longest caption it learns"})
-    vocab_min_count: int = field(default=1, metadata={
-        "help": "--task caption: words seen fewer times in the training captions become <unk>"})
-    eval_beam: int = field(default=1, metadata={
-        "help": "--task caption / translate: the beam size of each evaluation (1: greedy decoding)"})
-    captions_file: str | None = field(default=None, metadata={
-        "help": "--task caption: the caption file for coco, karpathy or flickr8k (else found under --data-dir)"})
-    # Translation (vitscope.translate): the synthetic language pair and the translator.
-    translator: Literal["rnn", "transformer"] = field(default="rnn", metadata={"help": "--task translate: a GRU "
-        "encoder-decoder with additive attention (--decoder-set attention=false: one context vector) or a transformer"})
-    train_sentences: int = field(default=20_000, metadata={
-        "help": "--task translate: sentence pairs drawn for training (with --seed)"})
-    test_sentences: int = field(default=1_000, metadata={
-        "help": "--task translate: sentence pairs drawn for testing, none of them a training sentence"})
-    max_words: int = field(default=20, metadata={
-        "help": "--task translate: the longest source sentence drawn, in words (3 to 60)"})
+    # Each sequence task's own fields (training/options.py), None for the other tasks; their flags are flat
+    # (--max-len, --translator, ...), made from these dataclasses' fields.
+    caption: CaptionOptions | None = field(default=None, metadata={
+        "help": "--task caption: the captioner, its decoder and its data", "flags": "inline"})
+    translate: TranslateOptions | None = field(default=None, metadata={
+        "help": "--task translate: the translator, its decoder and its sentences", "flags": "inline"})
     eval_every_steps: int = field(default=0, metadata={
         "help": "also evaluate (and log a metrics row) every this many steps inside an epoch, for finer curves "
                 "(0: only at each epoch's end); its time is not training time"})
@@ -139,6 +119,18 @@ class TrainConfig:
                 raise ConfigError(f"augment: {e}; its fields are {known}") from None
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)
+        for key, cls in TASK_OPTIONS.items():
+            given = getattr(self, key)
+            if isinstance(given, dict):
+                try:
+                    given = cls(**given)
+                except TypeError as e:  # an unknown field
+                    raise ConfigError(f"{key}: {e}; its fields are {', '.join(cls.__dataclass_fields__)}") from None
+            if given is None and key == self.task:
+                given = cls()
+            elif key != self.task and given == cls():  # another task's options, all at their defaults: unread
+                given = None
+            setattr(self, key, given)
         self.validate()
 
     def validate(self) -> None:
@@ -147,14 +139,21 @@ class TrainConfig:
         _check_ranges(self)
         check_model(self)
 
+    def options(self) -> CaptionOptions | TranslateOptions | None:
+        """The task's own options (`self.caption` or `self.translate`), None for a classifier."""
+        return getattr(self, self.task, None) if self.task in TASK_OPTIONS else None
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
+        """A config from its dict (a run's config.json); one written with the task options at its top level
+        (before they had their own dataclasses) loads to the same config."""
         if not isinstance(d, dict):
             raise ConfigError(f"a training config is a JSON object of fields (like a run's config.json), "
                              f"got {type(d).__name__} {d!r:.60}")
+        d = nest_task_options(d)
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ConfigError(f"unknown training config fields: {sorted(unknown)}")
@@ -226,19 +225,13 @@ def _check_ranges(cfg: TrainConfig) -> None:
     _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
-    # the caption and translation fields are checked whatever the task, so no run's config holds nonsense
-    _at_least("max_len", cfg.max_len, 3, " (<bos>, a word and <eos>)")
-    _at_least("vocab_min_count", cfg.vocab_min_count, 1)
-    _at_least("eval_beam", cfg.eval_beam, 1, " (1: greedy decoding)")
-    for name in ("train_sentences", "test_sentences"):
-        _at_least(name, getattr(cfg, name), 1)
-    if not 3 <= cfg.max_words <= 60:
-        raise ConfigError(f"max_words must be from 3 (subject, verb, object) to 60, got {cfg.max_words}")
     # the dataset's name is the data layer's to check (load_dataset, before the run directory is touched): a
     # task may read other datasets than the classification ones
-    if cfg.captions_file is not None and cfg.task != "caption":  # else read by nothing, in silence
+    if cfg.caption is not None and cfg.caption.captions_file is not None and cfg.task != "caption":
         raise ConfigError(f"captions_file is a caption dataset's file, for --task caption; a {cfg.task} run reads "
-                          f"none (drop --captions-file)")
+                          f"none (drop --captions-file)")  # else read by nothing, in silence
+    if cfg.options() is not None:  # another task's options are refused whole (training/task.check_unused)
+        cfg.options().validate()
     if cfg.task == "caption":
         _check_caption(cfg)
     elif cfg.task == "translate":
@@ -252,50 +245,12 @@ def _check_ranges(cfg: TrainConfig) -> None:
                               f"translate (vitscope train --task translate --preset translate_rnn)")
 
 
-def _check_decoder_args(given: dict, config) -> None:
-    """Each decoder field of its type and range, before any work: sizes and counts at least 1, dropout a
-    probability, other numbers finite and not negative; the width divisible by the heads."""
-    import typing
-
-    hints = typing.get_type_hints(config)
-    for name, value in given.items():
-        tp = hints[name]
-        if not type_ok(value, tp):
-            raise ConfigError(f"decoder field {name} must be {type_name(tp)}, got {value!r}")
-        if tp is int and value < 1:
-            raise ConfigError(f"decoder field {name} must be at least 1, got {value}")
-        if tp is float:
-            high = 1.0 if name == "drop" else math.inf
-            _finite(f"decoder field {name}", value, low=0, high=high, high_open=True,
-                    low_open=name in ("mlp_ratio",))
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    args = {**defaults, **given}
-    if "dim" in args:  # the transformer: self- and cross-attention and an MLP per block
-        params = args["depth"] * (8 + 2 * args["mlp_ratio"]) * args["dim"] ** 2
-    else:  # the LSTM: its gates over word, context and state, and the attention's projections
-        params = 4 * args["hidden_dim"] * (args["embed_dim"] + 2 * args["hidden_dim"]) + 2 * args["attn_dim"] * (
-            args["hidden_dim"] + args["embed_dim"])
-    check_params_memory("the decoder", params, "decoder fields (--decoder-set)")
-    if "num_heads" in args and args["dim"] % args["num_heads"]:
-        raise ConfigError(f"decoder field dim ({args['dim']}) must divide into num_heads ({args['num_heads']}) "
-                          f"equal heads")
-
-
 def _check_caption(cfg: TrainConfig) -> None:
-    """What a captioning run needs: a caption dataset, decoder fields its captioner has, and no augmentation
-    that would move or mix what the captions name."""
-    from dataclasses import fields
-
+    """What a captioning run needs besides its own options: a caption dataset, and no augmentation that would
+    move or mix what the captions name."""
     if cfg.dataset not in CAPTION_DATASETS:
         raise ConfigError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
                          f"not {cfg.dataset!r}")
-    config = TransformerCaptionerConfig if cfg.captioner == "transformer" else ShowAttendTellConfig
-    own = {f.name for f in fields(config)} - {"vocab_size", "encoder", "max_len", "label_smoothing"}
-    unknown = sorted(set(cfg.decoder_args) - own)
-    if unknown:
-        raise ConfigError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.captioner} captioner; choose "
-                         f"from {', '.join(sorted(own))} (max_len and label_smoothing are training fields)")
-    _check_decoder_args(cfg.decoder_args, config)
     a = cfg.augment
     mirror, crop, mixed = "a mirror image swaps left and right", "a random crop cuts out or moves what they name", (
         "a mixed image holds two images' items")
@@ -314,15 +269,7 @@ TRANSLATION_DATASET = "synthetic_pair"
 
 
 def _check_translate(cfg: TrainConfig) -> None:
-    """What a translation run needs: the synthetic pair and decoder fields its translator has."""
+    """What a translation run needs besides its own options: the synthetic pair."""
     if cfg.dataset != TRANSLATION_DATASET:
         raise ConfigError(f"--task translate trains on the synthetic language pair (--dataset {TRANSLATION_DATASET}), "
                          f"not {cfg.dataset!r}")
-    config = TransformerTranslatorConfig if cfg.translator == "transformer" else RNNTranslatorConfig
-    own = {f.name for f in dataclasses.fields(config)} - {"src_vocab_size", "tgt_vocab_size", "max_len", "max_src_len",
-                                              "label_smoothing"}
-    unknown = sorted(set(cfg.decoder_args) - own)
-    if unknown:
-        raise ConfigError(f"decoder_args: {', '.join(unknown)} not a field of the {cfg.translator} translator; "
-                         f"choose from {', '.join(sorted(own))} (label_smoothing is a training field)")
-    _check_decoder_args(cfg.decoder_args, config)

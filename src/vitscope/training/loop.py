@@ -40,6 +40,7 @@ from vitscope.training.checkpointing import (
 )
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
+from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.probes import ProbeLog, write_probe_report
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
@@ -91,8 +92,18 @@ def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
         saved = read_metadata(found.weights).json("train_config", dict, {})
     except (OSError, ValueError):
         return []  # an unreadable record: find_checkpoint's own checks speak for the files
-    now = json.loads(json.dumps(cfg.to_dict()))  # as saved: tuples become lists
+    now = _by_name(json.loads(json.dumps(cfg.to_dict())))  # as saved: tuples become lists
+    saved = _by_name(nest_task_options(saved))  # a checkpoint from before the tasks' options were nested
     return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
+
+
+def _by_name(config: dict) -> dict:
+    """A config dict with each task option under its own dotted name (caption.max_len), so a change names it."""
+    out = {k: v for k, v in config.items() if k not in TASK_OPTIONS or not isinstance(v, dict)}
+    for key in TASK_OPTIONS:
+        if isinstance(config.get(key), dict):
+            out |= {f"{key}.{k}": v for k, v in config[key].items()}
+    return out
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
@@ -253,7 +264,7 @@ class _Training:
                "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
                "test_loss": ev.loss, metric.key: ev.value, "train_time_s": round(at.train_time_s, 2),
                "train_cpu_s": round(at.train_cpu_s, 2),
-               "images_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None, **ev.row}
+               f"{self.task.unit}_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None, **ev.row}
         if self.info.is_main:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -262,8 +273,8 @@ class _Training:
             self.bar.write(f"{shown}  train loss {row['train_loss']:.4f}  {self.cfg.eval_split} {metric.name} "
                            f"{metric.format(ev.value)}  ({at.train_time_s / 60:.1f} min)")
         # the first evaluation's weights are the best so far even at a metric of 0 (a caption run's first epoch)
-        if ev.value > at.best_acc or not (self.run_dir / "best.safetensors").exists():
-            at.best_acc = max(at.best_acc, ev.value)
+        if ev.value > at.best_metric or not (self.run_dir / "best.safetensors").exists():
+            at.best_metric = max(at.best_metric, ev.value)
             self.save_best()
         return True
 
@@ -399,9 +410,9 @@ class _Training:
         if final is None and stopped == "finished":  # a signal came after the last step
             stopped = self.stop()
         value = final.value if final is not None else None
-        best = at.best_acc if value is None else max(at.best_acc, value)
+        best = at.best_metric if value is None else max(at.best_metric, value)
         result = TrainResult(self.run_dir, metric, value, best, at.train_time_s,
-                             at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, stopped)
+                             at.seen / max(at.train_time_s, 1e-9) if at.seen else 0.0, self.task.unit, stopped)
         if self.info.is_main and final is not None and at.step >= self.total:
             try:
                 self.task.report(self.run_dir, self.s.model, result, final)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
 from vitscope.training.loop import TrainConfig
+from vitscope.training.options import CaptionOptions, TranslateOptions
 
 _RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 
@@ -86,7 +87,7 @@ def fmnist_tutorial() -> TrainConfig:
 
 
 # -- captioning (vitscope.caption; `--task caption`) ----------------------------------------------------
-_SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick", max_len=40, optimizer="muon",
+_SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick", optimizer="muon",
                batch_size=64, lr=1.5e-3, weight_decay=0.05, warmup_epochs=0.3,
                label_smoothing=0.1, eval_batch_size=500, eval_every_steps=156,
                augment=TrainTransform(crop="none", flip=False))
@@ -106,8 +107,9 @@ def caption_quick() -> TrainConfig:
     (MemoryPositions: without them items bind to the wrong cells for longer), Muon, batch 64, two epochs.
     Evaluate with beam search: greedy decoding repeats or skips an item in the random-order phrasings.
     """
-    return TrainConfig(**_SCENES, captioner="transformer", epochs=2,
-                       decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.0, memory_pos=True))
+    return TrainConfig(**_SCENES, epochs=2, caption=CaptionOptions(
+        captioner="transformer", max_len=40,
+        decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.0, memory_pos=True)))
 
 
 _LSTM = dict(embed_dim=128, hidden_dim=256, attn_dim=128, drop=0.1, attention_reg=1.0, memory_pos=True)
@@ -131,8 +133,8 @@ def caption_lstm_quick() -> TrainConfig:
     One epoch is short for it: its alignments sharpen late (benchmarks/RESULTS.md, "Show, Attend and Tell that
     attends"); `caption_lstm`, this recipe for three epochs, is the one measured end to end.
     """
-    return TrainConfig(**{**_SCENES, "eval_every_steps": 78, "optimizer": "adamw", "lr": 1e-3}, captioner="lstm",
-                       epochs=1, decoder_args=dict(_LSTM))
+    return TrainConfig(**{**_SCENES, "eval_every_steps": 78, "optimizer": "adamw", "lr": 1e-3}, epochs=1,
+                       caption=CaptionOptions(captioner="lstm", max_len=40, decoder_args=dict(_LSTM)))
 
 
 @recipe
@@ -147,14 +149,20 @@ def caption_lstm() -> TrainConfig:
     stayed at chance), the regulariser at the paper's weight, and each caption trained only to its end;
     `--decoder-set memory=stem` reads the conv stem's grid instead.
     """
-    return TrainConfig(**{**_SCENES, "optimizer": "adamw", "lr": 1e-3}, captioner="lstm", epochs=3,
-                       decoder_args=dict(_LSTM))
+    return TrainConfig(**{**_SCENES, "optimizer": "adamw", "lr": 1e-3}, epochs=3,
+                       caption=CaptionOptions(captioner="lstm", max_len=40, decoder_args=dict(_LSTM)))
 
 
 # -- translation (vitscope.translate; `--task translate`) ----------------------------------------------------
-_PAIR = dict(task="translate", dataset="synthetic_pair", train_sentences=20_000, test_sentences=1_000, max_words=20,
+_PAIR = dict(task="translate", dataset="synthetic_pair",
              optimizer="adamw", batch_size=64, lr=2e-3, min_lr=1e-4, weight_decay=0.0, warmup_epochs=0.05,
              label_smoothing=0.0, amp="fp32", kernels=False, eval_every_steps=100, explain_images=12)
+
+
+def _pair(translator: str, **decoder_args) -> TranslateOptions:
+    """The translation recipes' sentences (20,000 training pairs, 1,000 test pairs, up to 20 words) for `translator`."""
+    return TranslateOptions(translator=translator, decoder_args=decoder_args, train_sentences=20_000,
+                            test_sentences=1_000, max_words=20)
 
 
 @recipe
@@ -170,7 +178,7 @@ def translate_rnn() -> TrainConfig:
     Why this recipe: a bidirectional GRU of 128 per direction, a GRU decoder that attends after reading the
     previous word, AdamW at 2e-3 in float32 (the GRU's small matrices gain nothing from bfloat16), batch 64.
     """
-    return TrainConfig(**_PAIR, translator="rnn", epochs=2, decoder_args=dict(attention=True))
+    return TrainConfig(**_PAIR, epochs=2, translate=_pair("rnn", attention=True))
 
 
 @recipe
@@ -183,7 +191,7 @@ def translate_rnn_noattn() -> TrainConfig:
     words, 29.9% of those of 15-20 (`python benchmarks/translate_bottleneck.py`, benchmarks/RESULTS.md).
     Four epochs to the attention RNN's two, as its steps are faster: about the same training time.
     """
-    return TrainConfig(**_PAIR, translator="rnn", epochs=4, decoder_args=dict(attention=False))
+    return TrainConfig(**_PAIR, epochs=4, translate=_pair("rnn", attention=False))
 
 
 @recipe
@@ -196,5 +204,5 @@ def translate_transformer() -> TrainConfig:
     of layer 0 47-61%), in 2.6 minutes of training on one thread of a shared 2-core Zen 5 EPYC (seed 0). Evidence
     and commands: benchmarks/RESULTS.md, Translation.
     """
-    return TrainConfig(**{**_PAIR, "lr": 1e-3}, translator="transformer", epochs=2,
-                       decoder_args=dict(dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.1))
+    return TrainConfig(**{**_PAIR, "lr": 1e-3}, epochs=2,
+                       translate=_pair("transformer", dim=128, depth=2, num_heads=4, mlp_ratio=2.0, drop=0.1))

@@ -105,7 +105,7 @@ def restore(cfg: TrainConfig, s: Setup, found: Checkpoint | None, gen: torch.Gen
     torch.manual_seed(rank_seed(cfg.seed, info.rank, found.step))
     rows = [r for r in read_rows(run_dir / "metrics.jsonl") if r.get("step", 0) <= found.step]
     key = s.task.metric.key
-    return Progress(step=found.step, best_acc=max((r.get(key, 0.0) for r in rows), default=0.0),
+    return Progress(step=found.step, best_metric=max((r.get(key, 0.0) for r in rows), default=0.0),
                     train_time_s=rows[-1].get("train_time_s", 0.0) if rows else 0.0,
                     train_cpu_s=rows[-1].get("train_cpu_s", 0.0) if rows else 0.0,
                     seen=found.step * cfg.batch_size)

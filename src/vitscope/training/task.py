@@ -31,6 +31,7 @@ from vitscope.io import atomic_write
 from vitscope.kernels import allocator
 from vitscope.training import distributed
 from vitscope.training.config import TrainConfig
+from vitscope.training.options import TASK_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class TrainResult:
     value: float | None
     best: float
     train_time_s: float
-    images_per_s: float
+    items_per_s: float  # the task's samples (its `unit`) trained a second
+    unit: str = "images"
     stopped: str = "finished"  # "finished" | "signal"
 
     def describe(self) -> str:
@@ -105,6 +107,7 @@ class Task(Protocol):
     model: nn.Module
     train_module: nn.Module  # what the loop wraps in DDP / torch.compile; its forward takes a batch's inputs
     train_size: int  # the samples an epoch goes through
+    unit: str  # what a sample is, for throughputs: "images", "sentences"
     metric: Metric
     final_reevaluates: bool  # whether the final evaluation is not the last epoch's (it averages more views)
 
@@ -158,23 +161,24 @@ def check_channels(cfg: TrainConfig, dataset_channels: dict[str, tuple[int, ...]
 
 # Per task, the settings it reads none of (each task's own fields, and the images' for a translation): one set
 # away from its default is refused before any work, not ignored in silence.
+# Another task's options (cfg.caption, cfg.translate) are always among them.
 UNUSED = {
-    "classify": ("captioner", "decoder_args", "max_len", "vocab_min_count", "eval_beam", "translator",
-                 "train_sentences", "test_sentences", "max_words"),
-    "caption": ("translator", "train_sentences", "test_sentences", "max_words"),
     "translate": ("model", "model_args", "pretrained", "init_weights", "data_dir", "image_size", "augment",
-                  "eval_flip", "final_eval_shift", "eval_split", "captioner", "max_len", "vocab_min_count"),
+                  "eval_flip", "final_eval_shift", "eval_split"),
 }
 _FLAGS = {"model_args": "--set", "decoder_args": "--decoder-set"}
 
 
-def check_unused(cfg: TrainConfig) -> None:
-    """Refuse a setting `cfg.task` would not read (`UNUSED`), naming its flag."""
-    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(cfg)}
+def _defaults(cls) -> dict:
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)}
+
+
+def _flags(names: list[str], values, defaults: dict) -> list[str]:
+    """The flags that set each of `names` in `values` away from its default."""
     flags = []
-    for name in UNUSED.get(cfg.task, ()):
-        value = getattr(cfg, name)
+    for name in names:
+        value = getattr(values, name)
         if value == defaults[name]:
             continue
         if name == "augment":
@@ -185,6 +189,17 @@ def check_unused(cfg: TrainConfig) -> None:
             flags += [f"{_FLAGS[name]} {key}" for key in value]
         else:
             flags.append("--" + name.replace("_", "-"))
+    return flags
+
+
+def check_unused(cfg: TrainConfig) -> None:
+    """Refuse a setting `cfg.task` would not read (`UNUSED`, another task's options), naming its flag."""
+    flags = _flags(list(UNUSED.get(cfg.task, ())), cfg, _defaults(type(cfg)))
+    for key in TASK_OPTIONS:
+        options = getattr(cfg, key)
+        if key != cfg.task and options is not None:
+            flags += [f for f in _flags([f.name for f in dataclasses.fields(options)], options,
+                                        _defaults(type(options))) if f not in flags]
     if flags:
         what = {"classify": "a classifier", "caption": "a captioner", "translate": "a translator"}[cfg.task]
         why = " (it reads sentences, not images)" if cfg.task == "translate" else ""
@@ -202,7 +217,7 @@ def run_facts(cfg: TrainConfig, model: nn.Module, result: TrainResult) -> dict:
     import numpy as np
 
     return {
-        "train_time_s": round(result.train_time_s, 1), "images_per_s": round(result.images_per_s, 1),
+        "train_time_s": round(result.train_time_s, 1), f"{result.unit}_per_s": round(result.items_per_s, 1),
         "parameters": sum(p.numel() for p in model.parameters()), "epochs": cfg.epochs, "seed": cfg.seed,
         "versions": {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),

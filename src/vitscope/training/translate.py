@@ -1,6 +1,6 @@
-"""Translation: a translator (`cfg.translator`: rnn, with or without attention, or transformer) on the synthetic
-language pair (vitscope.translate), drawn from `cfg.seed`. Its loss is the teacher-forced cross-entropy; its
-metric the exact sentence accuracy of greedy (or `cfg.eval_beam`) translations of the test sentences.
+"""Translation: a translator (`cfg.translate.translator`: rnn, with or without attention, or transformer) on the
+synthetic language pair (vitscope.translate), drawn from `cfg.seed`. Its loss is the teacher-forced cross-entropy; its
+metric the exact sentence accuracy of greedy (or `cfg.translate.eval_beam`) translations of the test sentences.
 
 An epoch reads every training sentence once in the loop's order. Under DDP each rank's loss is the mean over its
 own target words and DDP averages the ranks' gradients.
@@ -45,17 +45,19 @@ class TranslateTask:
     data: object  # vitscope.translate.data.ParallelData
     model: nn.Module
     kind = "translate"
+    unit = "sentences"
     metric = EXACT_MATCH
     final_reevaluates = False
 
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> TranslateTask:
-        pair = make_pair(cfg.seed, train_size=cfg.train_sentences, test_size=cfg.test_sentences,
-                         max_words=cfg.max_words)
+        opts = cfg.translate
+        pair = make_pair(cfg.seed, train_size=opts.train_sentences, test_size=opts.test_sentences,
+                         max_words=opts.max_words)
         data = ParallelData.build(pair)
         check_batch(cfg, len(data.train), "sentences")
         torch.manual_seed(cfg.seed)
-        model = build_translator(cfg.translator, data, dict(cfg.decoder_args), label_smoothing=cfg.label_smoothing)
+        model = build_translator(opts.translator, data, dict(opts.decoder_args), label_smoothing=cfg.label_smoothing)
         return cls(cfg, data, model)
 
     @property
@@ -83,7 +85,7 @@ class TranslateTask:
 
     def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
         """Every rank translates the whole test split (it is small)."""
-        result = evaluate_translations(model, self.data.test, self.data.tgt_vocab, beam=self.cfg.eval_beam,
+        result = evaluate_translations(model, self.data.test, self.data.tgt_vocab, beam=self.cfg.translate.eval_beam,
                                        batch_size=min(self.cfg.eval_batch_size, 500), device=device, bf16=bf16)
         m = result.metrics
         row = {f"test_{k}": m[k] for k in ROW_METRICS if m.get(k) is not None}
@@ -124,7 +126,8 @@ class TranslateTask:
                     title=f"{name} on the synthetic language pair")
         examples = self.data.test.examples
         write_summary(run_dir, {
-            "task": "translate", "translator": cfg.translator, "decoder_args": dict(cfg.decoder_args),
+            "task": "translate", "translator": cfg.translate.translator,
+            "decoder_args": dict(cfg.translate.decoder_args),
             "description": name, "dataset": cfg.dataset, "metric": self.metric.name,
             self.metric.key: result.value, f"best_{self.metric.key}": result.best,
             "test": dict(final.detail["metrics"]),

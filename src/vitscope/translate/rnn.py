@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from vitscope.attention import AdditiveAttention
-from vitscope.fields import check_decoder_sizes
+from vitscope.fields import check_decoder_sizes, check_types
 from vitscope.param_groups import param_groups
 from vitscope.sequence.loss import sequence_losses
 from vitscope.sequence.vocab import BOS, PAD
@@ -47,6 +47,7 @@ class RNNTranslatorConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self):
+        check_types(self)
         check_decoder_sizes(self, ("src_vocab_size", "tgt_vocab_size", "embed_dim", "hidden_dim", "attn_dim",
                                    "max_src_len"))
 

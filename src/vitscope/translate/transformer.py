@@ -18,8 +18,7 @@ from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention, key_padding_mask
 from vitscope.decoder import TransformerDecoder
-from vitscope.errors import ConfigError
-from vitscope.fields import check_decoder_sizes
+from vitscope.fields import check_decoder_sizes, check_transformer_shape, check_types
 from vitscope.param_groups import param_groups
 from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.sequence.loss import sequence_losses
@@ -42,9 +41,9 @@ class TransformerTranslatorConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self):
+        check_types(self)
         check_decoder_sizes(self, ("src_vocab_size", "tgt_vocab_size", "dim", "depth", "num_heads", "max_src_len"))
-        if self.dim % self.num_heads:
-            raise ConfigError(f"dim ({self.dim}) must divide into num_heads ({self.num_heads}) equal heads")
+        check_transformer_shape(self)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,101 @@
+"""Each task owns its options: TrainConfig.caption / .translate (training/options.py) hold the fields only that task
+reads. A run written before they were nested (a flat config.json, a state file's `best_acc`) still loads and resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_train import tiny_config, weights
+from vitscope.errors import ConfigError
+from vitscope.training.checkpointing import MANIFEST, Progress
+from vitscope.training.loop import TrainConfig, train
+from vitscope.training.options import CaptionOptions, TranslateOptions, nest_task_options
+from vitscope.training.recipes import get_recipe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("preset", ["fmnist_quick", "caption_quick", "translate_transformer"])
+def test_a_flat_config_json_from_before_loads_to_the_same_config(preset):
+    flat = json.loads((FIXTURES / f"flat_config_{preset}.json").read_text())
+    assert "max_len" in flat and "train_sentences" in flat  # as written then: every task's fields at the top
+    cfg = TrainConfig.from_dict(flat)
+    assert cfg == get_recipe(preset)
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # and as written now
+
+
+def test_trainconfig_holds_each_tasks_options_apart():
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert len(names) == 37  # 45 flat fields before: 10 task options moved, caption and translate added
+    assert not names & ({f.name for f in dataclasses.fields(CaptionOptions)}
+                        | {f.name for f in dataclasses.fields(TranslateOptions)})
+    assert TrainConfig().caption is None and TrainConfig().translate is None
+    caption = get_recipe("caption_quick")
+    assert caption.translate is None and caption.options() is caption.caption and caption.caption.max_len == 40
+    translate = get_recipe("translate_rnn")
+    assert translate.caption is None and translate.options().translator == "rnn"
+    # another task's options left at their defaults are not kept: nothing in the config a run does not read
+    assert dataclasses.replace(caption, task="classify", dataset="digits", caption=CaptionOptions()).caption is None
+
+
+def test_a_flat_classify_config_keeps_another_tasks_setting_so_it_is_refused():
+    nested = nest_task_options({"task": "classify", "max_len": 12, "eval_beam": 3, "train_sentences": 20_000})
+    assert nested == {"task": "classify", "caption": {"max_len": 12, "eval_beam": 3}}
+
+
+@pytest.mark.parametrize("options,said", [
+    (CaptionOptions(decoder_args={"hidden_dim": 8}), "hidden_dim not a field of the transformer captioner"),
+    (CaptionOptions(decoder_args={"dim": "wide"}), "decoder field dim must be a whole number, got 'wide'"),
+    (CaptionOptions(decoder_args={"dim": 10, "num_heads": 3}), "decoder field dim (10) must divide into num_heads"),
+    (CaptionOptions(captioner="lstm", decoder_args={"drop": 1.5}), "decoder field drop must be in [0, 1)"),
+    (TranslateOptions(decoder_args={"depth": 2}), "depth not a field of the rnn translator"),
+    (TranslateOptions(translator="transformer", decoder_args={"mlp_ratio": 0}),
+     "decoder field mlp_ratio must be a finite number above 0"),
+])
+def test_decoder_settings_are_checked_by_the_decoders_own_config(options, said):
+    with pytest.raises(ConfigError) as e:
+        options.validate()
+    assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def _make_old(run: Path) -> None:
+    """Rewrite `run` as vitscope wrote it before the options were nested: a flat config.json, `best_acc`."""
+    cfg = json.loads((run / "config.json").read_text())
+    flat = {k: v for k, v in cfg.items() if k not in ("caption", "translate")}
+    flat |= dataclasses.asdict(CaptionOptions()) | dataclasses.asdict(TranslateOptions())
+    (run / "config.json").write_text(json.dumps(flat, indent=2))
+    manifest = json.loads((run / MANIFEST).read_text())
+    state_file = run / manifest["files"]["state"]
+    state = torch.load(state_file, weights_only=False)
+    state["best_acc"] = state.pop("best_metric")
+    torch.save(state, state_file)
+    manifest["sha256"][state_file.name] = hashlib.sha256(state_file.read_bytes()).hexdigest()
+    manifest.setdefault("bytes", {})[state_file.name] = state_file.stat().st_size
+    (run / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def test_a_run_from_before_resumes_bit_identically(tmp_path):
+    cfg = tiny_config(epochs=2)
+    whole = train(cfg, tmp_path / "whole", progress=False)
+    train(cfg, tmp_path / "old", progress=False, max_steps=5)
+    _make_old(tmp_path / "old")
+    assert "best_acc" in torch.load(next((tmp_path / "old").glob("step-*.state.pt")), weights_only=False)
+    old = TrainConfig.from_dict(json.loads((tmp_path / "old" / "config.json").read_text()))
+    assert old == cfg
+    resumed = train(old, tmp_path / "old", resume=True, progress=False)
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "old")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.best == whole.best
+
+
+def test_progress_reads_a_state_that_names_its_best_metric_best_acc():
+    new = Progress(step=3, best_metric=0.75, train_time_s=1.0, seen=12).to_state()
+    assert "best_acc" not in new
+    old = {**{k: v for k, v in new.items() if k != "best_metric"}, "best_acc": 0.75}
+    assert Progress.from_state(old) == Progress.from_state(new)
