@@ -13,7 +13,7 @@ from PIL import Image
 
 from test_caption_models import one_thread  # noqa: F401 (autouse)
 from test_caption_train import toy_scenes
-from vitscope.caption import task as caption_task
+from vitscope.caption import builders as caption_task
 from vitscope.cli import main
 
 TINY = ["--task", "caption", "--model", "vit_tiny_patch7_28", "--set", "depth=1", "--set", "embed_dim=32",

@@ -15,8 +15,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from test_caption_cli import one_line_error
+from vitscope.caption.builders import CaptionTaskConfig, build_captioner, captioner_to_dict, vocab_metadata
 from vitscope.caption.run import CAPTIONER_KEY
-from vitscope.caption.task import CaptionTaskConfig, build_captioner, captioner_to_dict, vocab_metadata
 from vitscope.caption.transformer import EncoderSpec
 from vitscope.cli import main
 from vitscope.errors import InputError
@@ -216,7 +216,7 @@ TRANSLATE_FLAGS = ["--task", "translate", "--train-sentences", "64", "--test-sen
 ])
 def test_caption_in_chans_the_data_cannot_give_is_refused_up_front(tmp_path, capsys, monkeypatch, data, in_chans,
                                                                     said):
-    from vitscope.caption import task as captioning
+    from vitscope.caption import builders as captioning
 
     def never(*a, **k):
         raise AssertionError("the data was read before the setting was checked")

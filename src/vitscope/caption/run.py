@@ -17,9 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.plots import caption_figure, write_caption_explorer
-from vitscope.caption.task import (
+from vitscope.caption.builders import (
     VOCAB_KEY,
     Captioner,
     captioner_from_dict,
@@ -27,6 +25,8 @@ from vitscope.caption.task import (
     load_vocab,
     vocab_from_metadata,
 )
+from vitscope.caption.dataset import CaptionDataset
+from vitscope.caption.plots import caption_figure, write_caption_explorer
 from vitscope.errors import InputError
 from vitscope.kernels import apply
 from vitscope.sequence.vocab import Vocabulary

@@ -15,8 +15,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from vitscope.caption.builders import CAPTION_DATASETS
 from vitscope.caption.show_attend_tell import ShowAttendTellConfig
-from vitscope.caption.task import CAPTION_DATASETS
 from vitscope.caption.transformer import TransformerCaptionerConfig
 from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
