@@ -48,7 +48,7 @@ def train_for(preset: str, minutes: float, out: Path) -> Path:
 def by_length(run: Path) -> tuple[str, dict, dict, float]:
     import json
 
-    from vitscope.translate.data import ParallelData
+    from vitscope.translate.builders import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
     from vitscope.translate.language import make_pair
     from vitscope.translate.run import open_translator

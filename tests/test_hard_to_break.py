@@ -21,7 +21,7 @@ from vitscope.caption.transformer import EncoderSpec
 from vitscope.cli import main
 from vitscope.errors import InputError
 from vitscope.sequence.vocab import SPECIALS, Vocabulary
-from vitscope.translate.data import ParallelData, build_translator
+from vitscope.translate.builders import ParallelData, build_translator
 from vitscope.translate.language import make_pair
 from vitscope.translate.run import translation_metadata
 from vitscope.vit import VisionTransformer, ViTConfig

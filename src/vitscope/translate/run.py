@@ -23,7 +23,7 @@ from vitscope.kernels import apply
 from vitscope.sequence.decoding import decode
 from vitscope.sequence.loss import trim_padding
 from vitscope.sequence.vocab import PAD, Vocabulary
-from vitscope.translate.data import (
+from vitscope.translate.builders import (
     ParallelData,
     describe,
     encode_source,
