@@ -116,7 +116,7 @@ def test_caption_prints_captions_for_files_and_folders(run_dir, tmp_path, capsys
 
 def test_caption_reads_the_checkpoints_header_once(run_dir, tmp_path, monkeypatch, capsys):
     """`vitscope caption RUN img` asks what the checkpoint is, then opens it: one read of its header."""
-    from vitscope.weights import checkpoints
+    from vitscope.weights import model_io as checkpoints
 
     image = tmp_path / "scene.png"
     Image.fromarray(toy_scenes("test", 1).images[0, 0].numpy()).save(image)

@@ -25,7 +25,7 @@ from vitscope.translate.builders import ParallelData, build_translator
 from vitscope.translate.language import make_pair
 from vitscope.translate.run import translation_metadata
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import save_model
+from vitscope.weights.model_io import save_model
 
 
 # -- tiny checkpoints of each kind, written as the training loop writes them ----------------------------------
@@ -125,7 +125,7 @@ def test_damaged_metadata_is_one_line_naming_the_file_and_the_key(ckpts, tmp_pat
 def test_damaged_metadata_from_the_api_is_an_input_error(ckpts, tmp_path):
     from vitscope.caption.run import open_captioner
     from vitscope.translate.run import open_translator
-    from vitscope.weights.checkpoints import load_model
+    from vitscope.weights.model_io import load_model
     from vitscope.weights.model_source import open_model
 
     for kind, key, opener in (("classifier", "config", load_model), ("classifier", "classes", open_model),
@@ -259,7 +259,7 @@ def test_a_grey_image_folder_classifier_with_in_chans_1(tmp_path):
                  "--image-size", "8", "--set", "patch_size=4", "--set", "in_chans=1", "--batch-size", "16",
                  "--eval-split", "val",
                  "--out", str(tmp_path / "out")]) == 0
-    from vitscope.weights.checkpoints import load_model
+    from vitscope.weights.model_io import load_model
 
     assert load_model(tmp_path / "out" / "last.safetensors").config.in_chans == 1
 

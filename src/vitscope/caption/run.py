@@ -30,8 +30,8 @@ from vitscope.caption.plots import caption_figure, write_caption_explorer
 from vitscope.errors import InputError
 from vitscope.kernels import apply
 from vitscope.sequence.vocab import Vocabulary
-from vitscope.weights.checkpoints import checkpoint_metadata, find_checkpoint, read_metadata
 from vitscope.weights.files import CAPTIONER_KEY, check_finite, load_checked
+from vitscope.weights.model_io import checkpoint_metadata, find_checkpoint, read_metadata
 
 
 @dataclass
