@@ -27,11 +27,11 @@ import time
 import torch
 from torch import Tensor
 
+from vitscope.caption.builders import load_caption_dataset
 from vitscope.caption.encoder import EncoderSpec, encode_memory
 from vitscope.caption.metrics import attention_grounding, peak_cells
 from vitscope.caption.scenes import item_accuracy
 from vitscope.caption.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
-from vitscope.caption.task import load_caption_dataset
 from vitscope.data import normalize
 from vitscope.sequence.decoding import decode
 from vitscope.sequence.vocab import BOS, EOS, PAD

@@ -49,7 +49,7 @@ def by_length(run: Path) -> tuple[str, dict, dict, float]:
     import json
 
     from vitscope.training.config import TrainConfig
-    from vitscope.translate.data import ParallelData
+    from vitscope.translate.builders import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
     from vitscope.translate.language import make_pair
     from vitscope.translate.run import open_translator

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from vitscope.caption import builders as captioning
 from vitscope.caption import evaluate_captions, load_scenes
-from vitscope.caption import task as captioning
 from vitscope.caption.run import open_captioner
 from vitscope.data.transforms import TrainTransform
 from vitscope.training.loop import TrainConfig, train

@@ -15,7 +15,7 @@ from PIL import Image
 from test_caption_models import one_thread  # noqa: F401 (autouse)
 from test_caption_train import toy_scenes
 from test_explorer_over_training import page_data, unhalf
-from vitscope.caption import task as caption_task
+from vitscope.caption import builders as caption_task
 from vitscope.cli import main
 from vitscope.inspect.probes import read_probes
 
@@ -128,7 +128,7 @@ def test_caption_prints_captions_for_files_and_folders(run_dir, tmp_path, capsys
 
 def test_caption_reads_the_checkpoints_header_once(run_dir, tmp_path, monkeypatch, capsys):
     """`vitscope caption RUN img` asks what the checkpoint is, then opens it: one read of its header."""
-    from vitscope.weights import checkpoints
+    from vitscope.weights import model_io as checkpoints
 
     image = tmp_path / "scene.png"
     Image.fromarray(toy_scenes("test", 1).images[0, 0].numpy()).save(image)

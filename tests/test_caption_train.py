@@ -12,10 +12,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from test_caption_models import one_thread  # noqa: F401 (autouse)
-from vitscope.caption import task as caption_task
+from vitscope.caption import builders as caption_task
+from vitscope.caption.builders import VOCAB_KEY, vocab_from_metadata
 from vitscope.caption.dataset import CaptionDataset
 from vitscope.caption.scenes import ITEM, ScenesConfig, make_scenes
-from vitscope.caption.task import VOCAB_KEY, vocab_from_metadata
 from vitscope.data.transforms import TrainTransform
 from vitscope.decoder import TransformerDecoder
 from vitscope.inspect.probes import read_probes
@@ -123,7 +123,7 @@ def test_the_decoder_returns_the_cross_attention_its_blocks_compute():
 
 
 def test_muon_leaves_the_captioners_output_layer_to_adamw(toy):
-    from vitscope.caption.task import CaptionTaskConfig, build_captioner
+    from vitscope.caption.builders import CaptionTaskConfig, build_captioner
     from vitscope.caption.transformer import EncoderSpec
 
     data = toy_scenes("train", 8)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from vitscope.positional import resample_pos_embed
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import (
+from vitscope.weights.model_io import (
     atomic_write,
     check_state_dict,
     config_from_timm_state_dict,
@@ -89,7 +89,7 @@ def test_save_model_crash_keeps_previous_checkpoint(tmp_path, images, monkeypatc
     path = save_model(model, tmp_path / "m.safetensors")
     before = path.read_bytes()
 
-    import vitscope.weights.checkpoints as ck
+    import vitscope.weights.model_io as ck
 
     def torn_save(tensors, filename, metadata=None):
         with open(filename, "wb") as f:

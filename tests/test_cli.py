@@ -208,7 +208,7 @@ def test_cuda_without_cuda_says_what_to_do(capsys):
 
 def test_data_the_model_cannot_take(tmp_path, capsys):
     from vitscope.models import create_model
-    from vitscope.weights.checkpoints import save_model
+    from vitscope.weights.model_io import save_model
 
     ckpt = tmp_path / "rgb.safetensors"
     save_model(create_model("vit_tiny_patch4_28", in_chans=3, img_size=8, patch_size=2, depth=1), ckpt)

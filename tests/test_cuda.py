@@ -111,7 +111,7 @@ def test_timm_checkpoints_reproduce_timms_outputs_on_cuda(path):
     from safetensors.torch import load_file
 
     from vitscope.vit import VisionTransformer, ViTConfig
-    from vitscope.weights.checkpoints import load_timm_state_dict, read_metadata
+    from vitscope.weights.model_io import load_timm_state_dict, read_metadata
 
     t = load_file(path)
     model = VisionTransformer(ViTConfig.from_dict(json.loads(read_metadata(path)["config"]))).eval()
@@ -235,7 +235,7 @@ def test_training_run_on_cuda_learns_and_its_checkpoint_loads_on_the_cpu(tmp_pat
     pytest.importorskip("sklearn")
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig, train
-    from vitscope.weights.checkpoints import load_model
+    from vitscope.weights.model_io import load_model
 
     tiny = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
             "class_token": False, "global_pool": "avg"}

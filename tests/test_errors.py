@@ -15,7 +15,7 @@ from PIL import Image
 
 from vitscope.cli import main
 from vitscope.models import create_model
-from vitscope.weights.checkpoints import save_model
+from vitscope.weights.model_io import save_model
 
 pytest.importorskip("sklearn")
 

@@ -231,7 +231,7 @@ def test_a_checkpoint_file_changed_since_it_was_written_is_refused(tmp_path):
 
 # -- a full disk, a read-only folder, a folder in use -----------------------------------------------
 def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(reference, tmp_path, monkeypatch, capsys):
-    import vitscope.weights.checkpoints as ck
+    import vitscope.weights.model_io as ck
 
     cfg = fault_config()
     run = tmp_path / "run"
@@ -298,7 +298,7 @@ def read_only(monkeypatch):
 
 def test_a_read_only_folder_is_one_line_for_every_command(tmp_path, read_only, capsys):
     from vitscope.models import create_model
-    from vitscope.weights.checkpoints import save_model
+    from vitscope.weights.model_io import save_model
 
     run = tmp_path / "run"
     train(fault_config(), run, progress=False, max_steps=2)

@@ -15,17 +15,17 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from test_caption_cli import one_line_error
+from vitscope.caption.builders import CaptionTaskConfig, build_captioner, captioner_to_dict, vocab_metadata
 from vitscope.caption.run import CAPTIONER_KEY
-from vitscope.caption.task import CaptionTaskConfig, build_captioner, captioner_to_dict, vocab_metadata
 from vitscope.caption.transformer import EncoderSpec
 from vitscope.cli import main
 from vitscope.errors import InputError
 from vitscope.sequence.vocab import SPECIALS, Vocabulary
-from vitscope.translate.data import ParallelData, build_translator
+from vitscope.translate.builders import ParallelData, build_translator
 from vitscope.translate.language import make_pair
 from vitscope.translate.run import translation_metadata
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import save_model
+from vitscope.weights.model_io import save_model
 
 
 # -- tiny checkpoints of each kind, written as the training loop writes them ----------------------------------
@@ -125,7 +125,7 @@ def test_damaged_metadata_is_one_line_naming_the_file_and_the_key(ckpts, tmp_pat
 def test_damaged_metadata_from_the_api_is_an_input_error(ckpts, tmp_path):
     from vitscope.caption.run import open_captioner
     from vitscope.translate.run import open_translator
-    from vitscope.weights.checkpoints import load_model
+    from vitscope.weights.model_io import load_model
     from vitscope.weights.model_source import open_model
 
     for kind, key, opener in (("classifier", "config", load_model), ("classifier", "classes", open_model),
@@ -216,7 +216,7 @@ TRANSLATE_FLAGS = ["--task", "translate", "--train-sentences", "64", "--test-sen
 ])
 def test_caption_in_chans_the_data_cannot_give_is_refused_up_front(tmp_path, capsys, monkeypatch, data, in_chans,
                                                                     said):
-    from vitscope.caption import task as captioning
+    from vitscope.caption import builders as captioning
 
     def never(*a, **k):
         raise AssertionError("the data was read before the setting was checked")
@@ -259,7 +259,7 @@ def test_a_grey_image_folder_classifier_with_in_chans_1(tmp_path):
                  "--image-size", "8", "--set", "patch_size=4", "--set", "in_chans=1", "--batch-size", "16",
                  "--eval-split", "val",
                  "--out", str(tmp_path / "out")]) == 0
-    from vitscope.weights.checkpoints import load_model
+    from vitscope.weights.model_io import load_model
 
     assert load_model(tmp_path / "out" / "last.safetensors").config.in_chans == 1
 

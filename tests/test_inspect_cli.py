@@ -9,7 +9,7 @@ from PIL import Image
 
 from vitscope import create_model
 from vitscope.cli.explain import add_explain_parser, run_explain
-from vitscope.weights.checkpoints import save_model
+from vitscope.weights.model_io import save_model
 
 
 def _parse(argv):

@@ -114,7 +114,7 @@ def test_training_from_pretrained_weights_starts_from_them_and_resumes_offline(h
 
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig, train
-    from vitscope.weights.checkpoints import read_metadata
+    from vitscope.weights.model_io import read_metadata
 
     cfg = TrainConfig(model="vit_tiny_patch16_224", model_args={"depth": 2}, pretrained=True, dataset="digits",
                       image_size=32, epochs=1, batch_size=64, lr=1e-9, weight_decay=0.0, clip_grad=None,

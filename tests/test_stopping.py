@@ -28,7 +28,7 @@ CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_caption_train import tiny_caption_config, toy_scenes
-    from vitscope.caption import task as captioning
+    from vitscope.caption import builders as captioning
     from vitscope.training import caption, loop
 
     run_dir, mode = sys.argv[1], sys.argv[2]

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from vitscope.vit import VisionTransformer, ViTConfig
-from vitscope.weights.checkpoints import (
+from vitscope.weights.model_io import (
     config_from_timm_state_dict,
     create_from_timm,
     load_timm_state_dict,

@@ -116,7 +116,7 @@ def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_pat
 
     from vitscope.data import load_dataset
     from vitscope.training.loop import evaluate
-    from vitscope.weights.checkpoints import load_model
+    from vitscope.weights.model_io import load_model
 
     res = train(tiny_config(epochs=1, eval_flip=True, final_eval_shift=1), tmp_path, progress=False)
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -134,7 +134,7 @@ def test_the_final_evaluation_averages_ten_views_and_the_summary_says_so(tmp_pat
 def test_a_given_mean_and_std_are_the_ones_used_and_saved(tmp_path):
     import json
 
-    from vitscope.weights.checkpoints import read_metadata
+    from vitscope.weights.model_io import read_metadata
 
     cfg = tiny_config(epochs=1, augment=TrainTransform(crop="none", flip=False, mean=(0.3,), std=(0.2,)))
     train(cfg, tmp_path, progress=False, max_steps=1)

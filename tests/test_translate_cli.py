@@ -106,7 +106,7 @@ def test_a_translator_with_nan_weights_is_refused(run, tmp_path, capsys):
 
     from safetensors.torch import load_file, save_file
 
-    from vitscope.weights.checkpoints import read_metadata
+    from vitscope.weights.model_io import read_metadata
 
     broken = tmp_path / "run"
     shutil.copytree(run, broken)

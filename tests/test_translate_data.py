@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitscope.errors import InputError
-from vitscope.translate.data import ParallelData, encode_source
+from vitscope.translate.builders import ParallelData, encode_source
 from vitscope.translate.language import LEXICON, NOUNS, VERBS, make_example, make_pair, rule_translate
 from vitscope.translate.metrics import (
     accuracy_by_length,

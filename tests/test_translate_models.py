@@ -10,7 +10,7 @@ import torch
 from vitscope.sequence.decoding import beam_search, greedy
 from vitscope.sequence.loss import trim_padding
 from vitscope.sequence.vocab import PAD
-from vitscope.translate.data import ParallelData, build_translator
+from vitscope.translate.builders import ParallelData, build_translator
 from vitscope.translate.evaluate import evaluate_translations
 from vitscope.translate.language import make_pair
 

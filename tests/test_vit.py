@@ -289,7 +289,7 @@ def test_param_groups_put_norms_biases_and_tables_in_no_decay():
 def test_conv_stem_runs_channels_last_with_the_kernels_and_gives_the_plain_layout_numbers(tmp_path, act):
     import torch.nn.functional as F
 
-    from vitscope.weights.checkpoints import load_model, save_model
+    from vitscope.weights.model_io import load_model, save_model
 
     model = kernels.apply(_model(stem=[(8, 1), (16, 2), (16, 2)], stem_act=act))
     pe = model.patch_embed
@@ -322,7 +322,7 @@ def test_stem_activation_is_checked_and_older_configs_mean_gelu():
 
 def test_reset_classifier_gives_a_fresh_head_that_checkpoints_record(tmp_path):
     """timm's fine-tuning call: a new head for another number of classes, or none (the pooled features)."""
-    from vitscope.weights.checkpoints import load_model, save_model
+    from vitscope.weights.model_io import load_model, save_model
 
     model = create_model("vit_tiny_patch4_28", depth=1).eval()
     x = torch.randn(2, 1, 28, 28)

@@ -33,13 +33,13 @@ CAPTION_CHILD = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_caption_train import toy_scenes
-from vitscope.caption import task
-real = task.load_caption_dataset
+from vitscope.caption import builders
+real = builders.load_caption_dataset
 def load(name, split, **kw):
     if name == "fmnist_scenes" and split in ("train", "test"):
         return toy_scenes(split, 96 if split == "train" else 12)
     return real(name, split, **kw)
-task.load_caption_dataset = load
+builders.load_caption_dataset = load
 from vitscope.console import main
 sys.exit(main(sys.argv[1:]))
 """

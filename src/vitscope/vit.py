@@ -138,11 +138,32 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, N, D) -> (B, N, D)."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
+    def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
+        """x (B, N, D) -> (B, N, D); with `queries=n` the first n tokens' outputs alone, (B, n, D): every token is
+        still a key and value, so a head that reads the class token alone needs no more of the last block."""
+        return self.forward_normed(x, self.layer_norm(self.norm1, x, self.attn), queries=queries)[0]
+
+    def forward_normed(self, x: Tensor, h: Tensor, *, queries: int | None = None,
+                       following: Block | None = None) -> tuple[Tensor, Tensor | None]:
+        """The block from x and h = norm1(x), which a loop over blocks may have from the block before:
+        x + attn(h), then x + mlp(norm2(x)). Returns the output and, given `following` (the next block),
+        following.norm1 of it (else None)."""
+        x = x if queries is None else x[:, :queries]
+        x, h = self.add_norm(x, self.attn(h, queries=queries), self.ls1, self.drop_path1, self.norm2, self.mlp)
+        norm, reader = (None, None) if following is None else (following.norm1, following.attn)
+        return self.add_norm(x, self.mlp(h), self.ls2, self.drop_path2, norm, reader)
+
+    # The two seams vitscope.kernels overrides (FastBlock): a residual add with the norm that reads its sum in one
+    # pass, and a norm that writes what its reader's first linear layer reads.
+    def add_norm(self, x: Tensor, branch: Tensor, ls: nn.Module, drop_path: nn.Module, norm: nn.Module | None,
+                 reader: nn.Module | None) -> tuple[Tensor, Tensor | None]:
+        """x + drop_path(ls(branch)), and norm of that sum for `reader` (None without a norm)."""
+        x = x + drop_path(ls(branch))
+        return x, None if norm is None else self.layer_norm(norm, x, reader)
+
+    def layer_norm(self, norm: nn.Module, x: Tensor, reader: nn.Module) -> Tensor:
+        """norm(x), which `reader` (an attention or an MLP) reads next."""
+        return norm(x)
 
 
 @dataclass
@@ -333,10 +354,12 @@ class VisionTransformer(nn.Module):
         """All tokens after the last block and the final norm: (B, N, D)."""
         return self.norm(self.run_blocks(self.embed(x)))
 
-    def run_blocks(self, x: Tensor) -> Tensor:
-        """The encoder: every block in turn, (B, N, D) -> (B, N, D)."""
-        for block in self.blocks:
-            x = block(x)
+    def run_blocks(self, x: Tensor, *, last_queries: int | None = None) -> Tensor:
+        """The encoder: every block in turn, (B, N, D) -> (B, N, D); with `last_queries=n` the last block computes
+        the first n tokens' outputs alone, (B, n, D) (Block.forward's `queries`)."""
+        for i, block in enumerate(self.blocks):
+            last = i == len(self.blocks) - 1
+            x = block(x, queries=last_queries) if last and last_queries is not None else block(x)
         return x
 
     def pool(self, x: Tensor) -> Tensor:

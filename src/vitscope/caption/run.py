@@ -17,9 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.plots import caption_figure, write_caption_explorer
-from vitscope.caption.task import (
+from vitscope.caption.builders import (
     VOCAB_KEY,
     Captioner,
     captioner_from_dict,
@@ -27,12 +25,14 @@ from vitscope.caption.task import (
     load_vocab,
     vocab_from_metadata,
 )
+from vitscope.caption.dataset import CaptionDataset
+from vitscope.caption.plots import caption_figure, write_caption_explorer
 from vitscope.errors import InputError
 from vitscope.inspect.probes import run_probes
 from vitscope.kernels import apply
 from vitscope.sequence.vocab import Vocabulary
-from vitscope.weights.checkpoints import checkpoint_metadata, find_checkpoint, read_metadata
 from vitscope.weights.files import CAPTIONER_KEY, check_finite, load_checked
+from vitscope.weights.model_io import checkpoint_metadata, find_checkpoint, read_metadata
 
 
 @dataclass

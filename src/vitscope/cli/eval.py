@@ -143,8 +143,8 @@ COLUMNS = (("bleu1", "BLEU-1"), ("bleu2", "BLEU-2"), ("bleu3", "BLEU-3"), ("bleu
 
 def run_caption_eval(args) -> int:
     """`vitscope eval RUN` for a captioning run: greedy and beam decoding on a split, side by side."""
+    from vitscope.caption.builders import CAPTION_DATASETS, load_caption_dataset
     from vitscope.caption.evaluate import evaluate_captions
-    from vitscope.caption.task import CAPTION_DATASETS, load_caption_dataset
     from vitscope.training.options import nest_task_options
 
     out_dir = check_out_dir(args.out, writes=("eval.json",), overwrite=args.overwrite) if args.out else None

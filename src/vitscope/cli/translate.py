@@ -82,7 +82,7 @@ def run_translation_eval(args) -> int:
 
     from vitscope.cli.common import check_out_dir
     from vitscope.training.options import nest_task_options
-    from vitscope.translate.data import ParallelData
+    from vitscope.translate.builders import ParallelData
     from vitscope.translate.evaluate import evaluate_translations
     from vitscope.translate.language import make_pair
     from vitscope.translate.run import open_translator

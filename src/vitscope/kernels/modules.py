@@ -84,83 +84,41 @@ class FastAttention(DecidesOnSwap, MultiHeadAttention):
 
 
 class FastBlock(DecidesOnSwap, Block):
-    """The pre-norm block with, under bfloat16 autocast, each LayerNorm writing bfloat16 for the linear
-    layer that reads it (fused_layer_norm.py), the residual adds in one pass (fused_residual.py), and a
-    residual add and the next LayerNorm together (fused_add_norm.py), also across blocks
-    (`forward_chained`, which FastViT's loop calls)."""
+    """The pre-norm block through the plain block's seams: under bfloat16 autocast each LayerNorm writing bfloat16
+    for the linear layer that reads it (`layer_norm`, fused_layer_norm.py), and a residual add in one pass
+    (fused_residual.py) or together with the LayerNorm that reads its sum (`add_norm`, fused_add_norm.py), also
+    across blocks where FastViT's loop hands each block the next one (`Block.forward_normed`)."""
 
     def _decide(self) -> None:
         self._plain_residuals = type(self.ls1) is nn.Identity and type(self.ls2) is nn.Identity
-        self._fast_attn = type(self.attn) is FastAttention
-        self._fast_mlp = type(self.mlp) is FastMlp
 
-    @property
-    def _norm1_feeds(self) -> bool:
-        """Whether norm1 may hand its output to attn in bfloat16 (attn's qkv would cast it so)."""
-        return self._fast_attn and self.attn._reads_through_linear
-
-    @property
-    def _norm2_feeds(self) -> bool:
-        return self._fast_mlp and self.mlp._reads_through_linear
-
-    def forward(self, x: Tensor, *, queries: int | None = None) -> Tensor:
-        """x (B, N, D) -> (B, N, D); with `queries=n`, only the first n tokens' outputs, (B, n, D)."""
-        if not (x.is_cpu and enabled()):
-            if queries is None:
-                return super().forward(x)
-            x = x[:, :queries] + self.drop_path1(self.ls1(self.attn(self.norm1(x), queries=queries)))
-            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return self.forward_chained(x, None, None, queries=queries)[0]
-
-    def _norm(self, norm: nn.LayerNorm, x: Tensor, feeds: bool, consumer: nn.Module) -> Tensor:
-        """norm(x), under bfloat16 autocast straight to the bfloat16 its consumer's first linear would cast it to."""
-        if feeds and fused_layer_norm.fusable(x, norm) and not hooked(norm, consumer, _first(consumer)):
+    def layer_norm(self, norm: nn.Module, x: Tensor, reader: nn.Module) -> Tensor:
+        """norm(x), under bfloat16 autocast straight to the bfloat16 its reader's first linear would cast it to."""
+        if (x.is_cpu and enabled() and _reads_through_linear(reader) and fused_layer_norm.fusable(x, norm)
+                and not hooked(norm, reader, _first(reader))):
             return fused_layer_norm.layer_norm(x, norm)
         return norm(x)
 
-    def _residual(self, x: Tensor, branch: Tensor, ls: nn.Module, drop_path: nn.Module, *,
-                  own_x: bool = False) -> Tensor:
-        """x + drop_path(ls(branch)); a bfloat16 branch added in one pass, into x itself where `own_x`."""
-        plain = self._plain_residuals and not _dropping_path(drop_path) and not hooked(drop_path)
-        if plain and fused_residual.fusable(x, branch):
-            if own_x and not records(x, branch):
-                return fused_residual.add_(x, branch)
-            return fused_residual.add(x, branch)
-        return x + drop_path(ls(branch))
+    def add_norm(self, x: Tensor, branch: Tensor, ls: nn.Module, drop_path: nn.Module, norm: nn.Module | None,
+                 reader: nn.Module | None) -> tuple[Tensor, Tensor | None]:
+        """(x + drop_path(ls(branch)), norm of it): both in one pass where both would run the kernels, else a
+        bfloat16 branch added in one pass. The block's second sum may go into x itself: x is then the block's own
+        tensor, which only norm2 read."""
+        if not (x.is_cpu and enabled() and self._plain_residuals) or _dropping_path(drop_path):
+            return super().add_norm(x, branch, ls, drop_path, norm, reader)
+        into_x = drop_path is self.drop_path2 and not hooked(self.norm2) and not records(x, branch)
+        if (norm is not None and _reads_through_linear(reader) and fused_add_norm.fusable(x, branch, norm)
+                and not hooked(drop_path, norm, reader, _first(reader))):
+            return fused_add_norm.add_layer_norm(x, branch, norm, out=x if into_x else None)
+        if fused_residual.fusable(x, branch) and not hooked(drop_path):
+            x = fused_residual.add_(x, branch) if into_x else fused_residual.add(x, branch)
+            return x, None if norm is None else self.layer_norm(norm, x, reader)
+        return super().add_norm(x, branch, ls, drop_path, norm, reader)
 
-    def _add_norm(self, x: Tensor, branch: Tensor, drop_path: nn.Module, norm: nn.LayerNorm, feeds: bool,
-                  consumer: nn.Module, *, own_x: bool = False) -> tuple[Tensor, Tensor] | None:
-        """(x + branch, norm of it in bfloat16) in one pass where both would run the kernels; else None."""
-        if not (self._plain_residuals and feeds) or _dropping_path(drop_path):
-            return None
-        if hooked(drop_path, norm, consumer, _first(consumer)):
-            return None
-        if not fused_add_norm.fusable(x, branch, norm):
-            return None
-        out = x if own_x and not records(x, branch) else None
-        return fused_add_norm.add_layer_norm(x, branch, norm, out=out)
 
-    def forward_chained(self, x: Tensor, normed: Tensor | None, following: FastBlock | None, *,
-                        queries: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """`forward`, where `normed` is norm1(x) in bfloat16 if the block before computed it, and with
-        `following` (the next block) this block's last residual add and following.norm1 in one pass.
-        Returns (the output, following.norm1 of it in bfloat16, or None)."""
-        h = self._norm(self.norm1, x, self._norm1_feeds, self.attn) if normed is None else normed
-        attn = self.attn(h, queries=queries)
-        x = x if queries is None else x[:, :queries]
-        fused = self._add_norm(x, attn, self.drop_path1, self.norm2, self._norm2_feeds, self.mlp)
-        if fused is None:
-            x = self._residual(x, attn, self.ls1, self.drop_path1)
-            h = self._norm(self.norm2, x, self._norm2_feeds, self.mlp)
-        else:
-            x, h = fused  # x + attn is this block's own tensor: the next sum may go into it
-        mlp = self.mlp(h)
-        if following is not None:
-            chained = self._add_norm(x, mlp, self.drop_path2, following.norm1, following._norm1_feeds,
-                                     following.attn, own_x=fused is not None)
-            if chained is not None:
-                return chained
-        return self._residual(x, mlp, self.ls2, self.drop_path2, own_x=fused is not None), None
+def _reads_through_linear(reader: nn.Module | None) -> bool:
+    """Whether `reader` casts a norm's output to bfloat16 in vitscope's linear layer, so the norm may write it so."""
+    return type(reader) in (FastAttention, FastMlp) and reader._reads_through_linear
 
 
 def _first(consumer: nn.Module) -> nn.Module:
@@ -221,22 +179,19 @@ class FastPatchEmbed(DecidesOnSwap, PatchEmbed):
 
 class FastViT(DecidesOnSwap, VisionTransformer):
     """The ViT whose loop over blocks (the plain model's `run_blocks` seam) chains each block's last residual add
-    with the next one's norm1 (FastBlock.forward_chained), and whose last block, where the head reads the class
+    with the next one's norm1 (`Block.forward_normed`), and whose last block, where the head reads the class
     token alone (the `head_tokens` seam), computes that one token's output (all tokens are still its keys and
     values): the same logits for 1/8 fewer FLOPs at depth 6. `forward` and `forward_features` are the plain
     model's."""
 
-    def run_blocks(self, x: Tensor, last_queries: int | None = None) -> Tensor:
+    def run_blocks(self, x: Tensor, *, last_queries: int | None = None) -> Tensor:
         blocks = list(self.blocks)
-        chain = enabled() and x.is_cpu and all(type(b) is FastBlock for b in blocks) and not hooked(*blocks)
-        normed = None
-        for i, block in enumerate(blocks):
-            last = i == len(blocks) - 1
-            queries = last_queries if last else None
-            if chain:
-                x, normed = block.forward_chained(x, normed, None if last else blocks[i + 1], queries=queries)
-            else:
-                x = block(x, queries=queries) if queries else block(x)
+        if not (enabled() and x.is_cpu and blocks and all(type(b) is FastBlock for b in blocks)) or hooked(*blocks):
+            return super().run_blocks(x, last_queries=last_queries)
+        h = blocks[0].layer_norm(blocks[0].norm1, x, blocks[0].attn)
+        for block, following in zip(blocks, blocks[1:] + [None]):
+            queries = last_queries if following is None else None
+            x, h = block.forward_normed(x, h, queries=queries, following=following)
         return x
 
     def head_tokens(self, x: Tensor) -> Tensor:

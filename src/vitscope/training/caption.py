@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from vitscope.caption import task as captioning
+from vitscope.caption import builders as captioning
+from vitscope.caption.builders import captioner_to_dict, vocab_metadata
 from vitscope.caption.evaluate import evaluate_captions
 from vitscope.caption.run import CAPTIONER_KEY, write_caption_report
-from vitscope.caption.task import captioner_to_dict, vocab_metadata
 from vitscope.caption.transformer import EncoderSpec
 from vitscope.data import normalize
 from vitscope.sequence.evaluation import evaluating

@@ -33,7 +33,7 @@ import torch
 
 from vitscope.errors import VitscopeError
 from vitscope.io import atomic_write
-from vitscope.weights.checkpoints import (
+from vitscope.weights.model_io import (
     load_training_state,
     load_weights,
     model_file_writer,

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from vitscope.caption.task import CAPTION_DATASETS
+from vitscope.caption.builders import CAPTION_DATASETS
 from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
 from vitscope.fields import check_types

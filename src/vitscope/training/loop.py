@@ -46,7 +46,7 @@ from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
 from vitscope.training.task import Evaluation, TrainResult
-from vitscope.weights.checkpoints import read_metadata, save_model
+from vitscope.weights.model_io import read_metadata, save_model
 
 # evaluate: the classifier's, for `vitscope eval` and the tests
 __all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]

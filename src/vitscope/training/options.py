@@ -24,7 +24,7 @@ from vitscope.caption.transformer import TransformerCaptioner, TransformerCaptio
 from vitscope.errors import ConfigError
 from vitscope.fields import check_types
 from vitscope.training.model_check import check_params_memory
-from vitscope.translate.data import TRANSLATORS
+from vitscope.translate.builders import TRANSLATORS
 
 # A decoder's size check builds it for a vocabulary of this many words: the real one is known only once the
 # data is read, and a vocabulary's embeddings are a small part of any decoder too large to train.

@@ -30,7 +30,7 @@ from vitscope.training.task import (
     run_facts,
     write_summary,
 )
-from vitscope.translate.data import ParallelData, build_translator, describe
+from vitscope.translate.builders import ParallelData, build_translator, describe
 from vitscope.translate.evaluate import evaluate_translations, teacher_forced
 from vitscope.translate.language import make_pair
 from vitscope.translate.run import pick_sentence, translation_metadata, write_translation_report
@@ -42,7 +42,7 @@ ROW_METRICS = ("token_accuracy", "bleu4", "alignment", "alignment_best_head")
 @dataclass
 class TranslateTask:
     cfg: TrainConfig
-    data: object  # vitscope.translate.data.ParallelData
+    data: object  # vitscope.translate.builders.ParallelData
     model: nn.Module
     kind = "translate"
     unit = "sentences"

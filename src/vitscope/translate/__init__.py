@@ -6,14 +6,14 @@ accuracy, token accuracy, BLEU and alignment accuracy.
     language.py     the pair: rule-governed reordering, disjoint train/test sentences, gold alignments
     rnn.py          bidirectional GRU encoder; GRU decoder with AdditiveAttention, or with one context vector
     transformer.py  pre-norm encoder + vitscope.decoder.TransformerDecoder
-    data.py         the pair as tensors and vocabularies; translators by name
+    builders.py     the pair as tensors and vocabularies; translators by name
     metrics.py      exact match, token accuracy, BLEU-4, alignment accuracy, accuracy by length
     evaluate.py     decode a split and score it
     run.py          open a trained translator; the report a run writes
     plots.py        the alignment heatmap and accuracy against length (matplotlib Figures)
 """
 
-from vitscope.translate.data import ParallelData, build_translator, describe
+from vitscope.translate.builders import ParallelData, build_translator, describe
 from vitscope.translate.evaluate import TranslationEvaluation, evaluate_translations
 from vitscope.translate.language import Example, LanguagePair, make_pair, rule_translate
 from vitscope.translate.metrics import accuracy_by_length, alignment_accuracy, bleu4, exact_match, token_accuracy

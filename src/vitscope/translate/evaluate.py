@@ -18,7 +18,7 @@ from vitscope.sequence.decoding import decode
 from vitscope.sequence.evaluation import evaluating
 from vitscope.sequence.loss import masked_xent, trim_padding
 from vitscope.sequence.vocab import PAD
-from vitscope.translate.data import ParallelSplit
+from vitscope.translate.builders import ParallelSplit
 from vitscope.translate.metrics import accuracy_by_length, alignment_accuracy, bleu4, exact_match, token_accuracy
 
 

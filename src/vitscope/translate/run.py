@@ -24,7 +24,7 @@ from vitscope.kernels import apply
 from vitscope.sequence.decoding import decode
 from vitscope.sequence.loss import trim_padding
 from vitscope.sequence.vocab import PAD, Vocabulary
-from vitscope.translate.data import (
+from vitscope.translate.builders import (
     ParallelData,
     describe,
     encode_source,
@@ -34,8 +34,8 @@ from vitscope.translate.data import (
 from vitscope.translate.evaluate import teacher_forced
 from vitscope.translate.metrics import alignment_accuracy
 from vitscope.translate.plots import alignment_figure
-from vitscope.weights.checkpoints import checkpoint_metadata, find_checkpoint, read_metadata
 from vitscope.weights.files import TRANSLATOR_KEY, check_finite, load_checked
+from vitscope.weights.model_io import checkpoint_metadata, find_checkpoint, read_metadata
 
 SOURCE_VOCAB_KEY = "vitscope.translate.source_vocab"
 TARGET_VOCAB_KEY = "vitscope.translate.target_vocab"

@@ -4,14 +4,14 @@ and what `eval`, `predict` and `explain` accept as a model.
     from vitscope.weights import load_timm_state_dict, load_hf, export_hf
 """
 
-from vitscope.weights.checkpoints import (
+from vitscope.weights.hf import export_hf, hf_to_vitscope, load_hf
+from vitscope.weights.model_io import (
     create_from_timm,
     load_model,
     load_timm_state_dict,
     load_weights,
     save_model,
 )
-from vitscope.weights.hf import export_hf, hf_to_vitscope, load_hf
 
 __all__ = ["create_from_timm", "export_hf", "hf_to_vitscope", "load_hf", "load_model", "load_timm_state_dict",
            "load_weights", "save_model"]

@@ -3,7 +3,7 @@ that is not a checkpoint named as what it is, and a state dict checked against a
 
 Nothing here unpickles code: torch files are read with `torch.load(weights_only=True)`. Every loader goes through
 `check_state_dict`, so a checkpoint that does not fit the model is an error naming the tensor, never a torch
-traceback. `checkpoints` (vitscope's format, timm's) and `hf` (transformers') both read through this module.
+traceback. `model_io` (vitscope's format, timm's) and `hf` (transformers') both read through this module.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def read_tensors(path: PathLike) -> dict[str, Tensor]:
         what = (f"a {type(obj).__name__}" if not isinstance(obj, Mapping) else
                 "an empty dict" if not obj else "a dict whose values are not all tensors")
         raise InputError(f"{path} holds {what}, not a state dict (tensor names to tensors): save the model's "
-                         f"state_dict(), or use vitscope.weights.checkpoints.save_model")
+                         f"state_dict(), or use vitscope.weights.save_model")
     return dict(obj)
 
 

@@ -22,8 +22,8 @@ from vitscope.errors import InputError
 from vitscope.kernels import apply
 from vitscope.models import create_model, get_config, list_models
 from vitscope.vit import VisionTransformer
-from vitscope.weights.checkpoints import Metadata, create_from_timm, find_checkpoint, load_model, read_metadata
 from vitscope.weights.files import CAPTIONER_KEY, TRANSLATOR_KEY, VOCAB_KEY, check_finite, read_tensors, strip_prefix
+from vitscope.weights.model_io import Metadata, create_from_timm, find_checkpoint, load_model, read_metadata
 from vitscope.weights.pretrained import MEAN, STD, has_weights, weights_file
 
 
@@ -82,7 +82,7 @@ def _open_unchecked(source: str | Path) -> tuple[VisionTransformer, ModelInfo]:
             if "num_heads" not in str(e):
                 raise
             raise InputError(f"{ckpt} holds weights without vitscope's config, and no preset has their shape, so their "
-                             f"number of heads is unknown: save the model with vitscope.weights.checkpoints.save_model("
+                             f"number of heads is unknown: save the model with vitscope.weights.save_model("
                              f"model, 'model.safetensors'), which records its config, and give that file") from None
         return model, _info(model, {}, ckpt)
     model = load_model(ckpt).eval()

@@ -26,8 +26,8 @@ from torch import Tensor
 from vitscope.errors import VitscopeError
 from vitscope.io import atomic_write, data_root
 from vitscope.vit import VisionTransformer
-from vitscope.weights.checkpoints import load_timm_state_dict
 from vitscope.weights.files import as_state_dict, strip_prefix
+from vitscope.weights.model_io import load_timm_state_dict
 
 # vitscope preset -> the pretrained tag timm loads for it by default (ImageNet-21k, fine-tuned on 1k)
 TIMM_WEIGHTS = {

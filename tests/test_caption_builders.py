@@ -7,10 +7,8 @@ from safetensors.torch import load_file, save_file
 
 from test_caption_models import one_thread  # noqa: F401 (autouse)
 from test_caption_scenes import _source
-from vitscope.caption import task as captioning
-from vitscope.caption.dataset import CaptionDataset
-from vitscope.caption.scenes import ScenesConfig, make_scenes
-from vitscope.caption.task import (
+from vitscope.caption import builders as captioning
+from vitscope.caption.builders import (
     CaptionTaskConfig,
     build_captioner,
     captioner_from_dict,
@@ -21,6 +19,8 @@ from vitscope.caption.task import (
     vocab_from_metadata,
     vocab_metadata,
 )
+from vitscope.caption.dataset import CaptionDataset
+from vitscope.caption.scenes import ScenesConfig, make_scenes
 from vitscope.caption.transformer import EncoderSpec
 from vitscope.data import DataError
 from vitscope.data.transforms import TrainTransform
