@@ -16,7 +16,8 @@ import vitscope
 PACKAGE = Path(vitscope.__file__).resolve().parent
 
 # DESIGN.md's layers, highest first: cli -> training -> tasks (caption, translate) -> the sequence package ->
-# weights / models -> kernels, inspect -> the model files -> attention, positional, data; `errors`, `fields`, `io`,
+# weights / models -> kernels, inspect -> the model files -> their parts (attention, positional, conv_stem,
+# residual) and data; `errors`, `fields`, `io`,
 # `figures` and `param_groups` serve every layer. A package may import its own layer or lower ones.
 LAYERS = [
     {"__main__", "console"},
@@ -27,7 +28,7 @@ LAYERS = [
     {"", "models", "weights"},  # "": the package's own __init__, the public names over models
     {"kernels", "inspect"},
     {"vit", "decoder"},
-    {"attention", "positional", "data"},
+    {"attention", "positional", "data", "conv_stem", "residual"},
     {"errors", "fields", "io", "figures", "param_groups"},
 ]
 

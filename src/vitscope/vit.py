@@ -9,7 +9,6 @@ swaps in vitscope's CPU kernels afterwards, without touching the parameters.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -18,30 +17,16 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention
+from vitscope.conv_stem import STEM_ACTS, ConvStem
 from vitscope.errors import ConfigError, InputError
 from vitscope.fields import check_types
 from vitscope.param_groups import param_groups
 from vitscope.positional import resample_pos_embed, sincos_2d
+from vitscope.residual import DropPath, LayerScale
 
 
 def _pair(x) -> tuple[int, int]:
     return (int(x[0]), int(x[1])) if isinstance(x, (tuple, list)) else (int(x), int(x))
-
-
-STEM_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU}
-
-
-class ConvStem(nn.Sequential):
-    """The hybrid input of the ViT paper, small: 3x3 conv -> BatchNorm -> activation per (channels, stride)."""
-
-    def __init__(self, in_chans: int, layers: list[tuple[int, int]], act: str = "gelu"):
-        modules, c = [], in_chans
-        for out, stride in layers:
-            modules += [nn.Conv2d(c, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out), STEM_ACTS[act]()]
-            c = out
-        super().__init__(*modules)
-        self.out_chans = c
-        self.stride = math.prod(s for _, s in layers)
 
 
 class PatchEmbed(nn.Module):
@@ -96,29 +81,6 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init_values: float):
-        super().__init__()
-        self.gamma = nn.Parameter(init_values * torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * self.gamma
-
-
-class DropPath(nn.Module):
-    """Stochastic depth: drop a sample's whole residual branch with probability p in training."""
-
-    def __init__(self, p: float = 0.0):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.p == 0.0 or not self.training:
-            return x
-        keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
-        return x * keep / (1 - self.p)
 
 
 class Block(nn.Module):

@@ -16,6 +16,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vitscope.attention import MultiHeadAttention, attend
+from vitscope.conv_stem import ConvStem
 from vitscope.kernels import (
     fused_add_norm,
     fused_bn_gelu,
@@ -30,7 +31,7 @@ from vitscope.kernels.fused_gelu import GELU
 from vitscope.kernels.fused_linear import Linear
 from vitscope.kernels.guards import DecidesOnSwap, dropping, hooked, records
 from vitscope.kernels.registry import enabled
-from vitscope.vit import Block, ConvStem, Mlp, PatchEmbed, VisionTransformer
+from vitscope.vit import Block, Mlp, PatchEmbed, VisionTransformer
 
 
 class FastMlp(DecidesOnSwap, Mlp):

@@ -6,13 +6,14 @@ from __future__ import annotations
 from torch import nn
 
 from vitscope.attention import MultiHeadAttention
+from vitscope.conv_stem import ConvStem
 from vitscope.decoder import TransformerDecoder
 from vitscope.kernels.fast_decoder import FastTransformerDecoder
 from vitscope.kernels.fused_gelu import GELU
 from vitscope.kernels.fused_linear import Linear
 from vitscope.kernels.guards import DecidesOnSwap
 from vitscope.kernels.modules import FastAttention, FastBlock, FastConvStem, FastMlp, FastPatchEmbed, FastViT
-from vitscope.vit import Block, ConvStem, Mlp, PatchEmbed, VisionTransformer
+from vitscope.vit import Block, Mlp, PatchEmbed, VisionTransformer
 
 # Each plain class and the class that stands in for it; only exact types are swapped, so a user's
 # subclass keeps its own forward.
