@@ -17,6 +17,13 @@
         shrinking as captions end (packed, what `memory_losses` runs). Median of interleaved rounds.
 
 W is a classifier's weights (runs/fmnist_quick/best.safetensors). Every number comes from this run.
+
+What it found (AMD EPYC Zen 5, bfloat16, 2026-11-28; encoder fixed, 300 decoder steps on 3,000 scenes, scored on
+200), item words peaking in their cell / greedy item accuracy: Muon (1.5e-3) 23.7% (teacher-forced; chance) /
+39.4%, AdamW (1e-3) 74.5% / 63.8%; the regulariser at 18x the paper's weight 56.4% / 50.4%, at the paper's
+81.6% / 67.9%; the stem's grid as memory 86.4% / 63.0% (one seed). Grid order (200/200) and a synthetic memory
+(90-100%) check out. Each caption trained only to its end (pads): the decoder's forward and backward 2.1x as
+fast, the same loss and gradients.
 """
 
 from __future__ import annotations
