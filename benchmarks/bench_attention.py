@@ -38,7 +38,6 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -377,16 +376,9 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.3) -> float:
 def spawn(spec: dict, timeout_s: float = 900, quiet_wait_s: float = 0.0) -> dict:
     if quiet_wait_s:
         wait_for_quiet(quiet_wait_s)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timed out after {timeout_s:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return {**spec, "error": last[:160]}
+    from _workers import run_worker  # beside _machine, which main() imports the same way
+
+    return run_worker(__file__, spec, timeout_s=timeout_s)
 
 
 def _fmt_ms(seconds: float) -> str:

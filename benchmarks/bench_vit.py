@@ -35,7 +35,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import rate_text  # noqa: E402
+from _workers import run_worker  # noqa: E402
 from bench_attention import (  # noqa: E402  (shared helpers of the benchmark scripts)
     MALLOC,
     _background_cores,
@@ -299,19 +299,11 @@ def spawn(spec: dict, timeout_s: float = 1200, quiet_wait_s: float = 0.0) -> dic
     if spec.get("compile"):  # a cold compile, as a user's first run sees it: no inductor cache from earlier cases
         cache = tempfile.mkdtemp(prefix="bench_vit_inductor_")
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timed out after {timeout_s:.0f} s"}
+        return run_worker(__file__, spec, timeout_s=timeout_s, env=env)
     finally:
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return {**spec, "error": last[:160]}
 
 
 def images_per_s(r: dict) -> float | None:

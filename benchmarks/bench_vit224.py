@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_header, machine_info, rate_text  # noqa: E402
+from _workers import run_worker  # noqa: E402
 from bench_attention import (  # noqa: E402  (shared helpers of the benchmark scripts)
     _background_cores,
     _kernel_used,
@@ -152,16 +152,7 @@ def worker(spec: dict) -> None:
 
 
 def spawn(spec: dict, env: dict, timeout_s: float = 2400) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {**spec, "error": f"timed out after {timeout_s:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return {**spec, "error": last[:160]}
+    return run_worker(__file__, spec, timeout_s=timeout_s, env=env)
 
 
 def row(runs: list[dict]) -> dict:

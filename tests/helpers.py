@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import pytest
 import torch
 import torch.nn.functional as F
+
+# The browser the page tests drive: Debian's chromium through Playwright's Python package.
+CHROMIUM = os.environ.get("VITSCOPE_CHROMIUM", "/usr/bin/chromium")
+
+
+def playwright_or_skip():
+    """playwright.sync_api, or a skip that says what is missing (the package, or the browser)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
+                                   "(pip install playwright; the browser is Debian's chromium)")
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set VITSCOPE_CHROMIUM)")
+    return sync_api
 
 
 def random_layer_norm(c: int, seed: int = 0) -> torch.nn.LayerNorm:

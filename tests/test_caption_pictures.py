@@ -1,12 +1,11 @@
 """The per-word attention figure and the explorer's caption mode (in a real headless Chromium)."""
 
-import os
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import CHROMIUM, playwright_or_skip
 from test_caption_models import images, one_thread, tiny  # noqa: F401 (one_thread: autouse)
 from vitscope.caption.plots import (
     caption_figure,
@@ -19,7 +18,6 @@ from vitscope.inspect.caption_explorer import caption_explorer_data, write_capti
 from vitscope.sequence.decoding import beam_search
 from vitscope.sequence.vocab import Vocabulary
 
-CHROMIUM = os.environ.get("VITSCOPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 TOL = dict(rtol=2e-3, atol=2e-4)  # float16 on the page
@@ -59,13 +57,6 @@ def test_figure_on_hand_made_attention(tmp_path):
     assert [ax.get_title() for ax in fig.axes if ax.get_title()] == ["image", "bag", "<eos>"]
 
 
-def _browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                                   "(pip install playwright; the browser is Debian's chromium)")
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set VITSCOPE_CHROMIUM)")
-    return sync_api
-
 
 def test_data_checks():
     with pytest.raises(ValueError, match="one of each per image"):
@@ -76,7 +67,7 @@ def test_data_checks():
 
 @pytest.mark.parametrize("kind", ["transformer", "lstm"])
 def test_caption_explorer_in_chromium(kind, tmp_path):
-    sync_api = _browser()
+    sync_api = playwright_or_skip()
     model = tiny(kind)
     imgs = (images(2).clamp(-2, 2) * 60 + 128).to(torch.uint8)
     refs = [["a bag at the top left", "top left: bag"], ["a coat"]]

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import CHROMIUM, playwright_or_skip
 from vitscope import create_model
 from vitscope.errors import ConfigError
 from vitscope.inspect import Probes, explore, probes_page
 from vitscope.inspect.caption_explorer import caption_explorer_data, caption_page
 from vitscope.inspect.translate_explorer import translate_explorer_data, translate_page
 
-CHROMIUM = os.environ.get("VITSCOPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 TOL = dict(rtol=2e-3, atol=2e-4)  # float16 on the page
@@ -104,16 +102,9 @@ def test_the_translate_explorer_refuses_a_page_too_large_as_the_caption_explorer
         translate_page_of(translate_probes(), max_bytes=300)
 
 
-def _browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                                   "(pip install playwright; the browser is Debian's chromium)")
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set VITSCOPE_CHROMIUM)")
-    return sync_api
-
 
 def test_moving_the_slider_shows_that_step_in_chromium(tmp_path):
-    sync_api = _browser()
+    sync_api = playwright_or_skip()
     model = create_model("vit_tiny_patch4_28", img_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2).eval()
     torch.manual_seed(0)
     cls = classify_probes()

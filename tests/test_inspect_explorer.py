@@ -1,33 +1,24 @@
 """The explorer in a real headless Chromium: pick, hover, switch modes, compare the map with the data."""
 
 import json
-import os
-import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import CHROMIUM, playwright_or_skip
 from vitscope import create_model
 from vitscope.inspect import capture_attention, rollout, write_explorer
 
-CHROMIUM = os.environ.get("VITSCOPE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 TOL = dict(rtol=2e-3, atol=2e-4)  # float16 on the page
 
 
-def _browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                                   "(pip install playwright; the browser is Debian's chromium)")
-    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set VITSCOPE_CHROMIUM)")
-    return sync_api
-
 
 @pytest.fixture(scope="module")
 def page_and_data(tmp_path_factory):
-    sync_api = _browser()
+    sync_api = playwright_or_skip()
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch4_28", depth=2, embed_dim=32, num_heads=4, img_size=(20, 28)).eval()
     images = torch.randn(2, 1, 20, 28)
