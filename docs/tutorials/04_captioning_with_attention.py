@@ -44,6 +44,8 @@
 # it, so a rerun that gives other numbers gives other sentences.
 
 # %%
+import os
+import shutil
 import tempfile
 import textwrap
 import time
@@ -55,6 +57,7 @@ import numpy as np
 import torch
 from IPython.display import Markdown, display
 
+import vitscope
 from vitscope.attention import attend
 from vitscope.caption import cider_d, corpus_bleu, evaluate_captions, load_scenes, tokenize
 from vitscope.caption.plots import caption_figure, explore_captions
@@ -68,6 +71,15 @@ from vitscope.training.options import CaptionOptions
 tutorial_start = time.perf_counter()
 torch.manual_seed(0)
 runs = Path(tempfile.mkdtemp(prefix="vitscope-tutorial-"))  # where the training runs are written
+
+
+def tutorial_file(name: str) -> Path:
+    """`checkpoints/name` beside this tutorial, whether it runs from docs/tutorials (the site build),
+    the checkout's root (pytest) or elsewhere with vitscope installed from the checkout."""
+    here = Path.cwd()
+    folders = [here, here / "docs" / "tutorials", Path(vitscope.__file__).resolve().parents[2] / "docs" / "tutorials"]
+    return next((f / "checkpoints" / name for f in folders if (f / "checkpoints").is_dir()), folders[0] / name)
+
 
 # %% [markdown]
 # ## The data: Fashion-MNIST scenes
@@ -319,15 +331,36 @@ display(page)
 # (the README's classifier, a 14 × 14 grid of finer tokens) finds the items in fewer steps, but
 # each of its steps costs several of ours.
 
+# %% [markdown]
+# Training it here takes about 6 minutes on 2 cores, more than the rest of this tutorial together.
+# So by default the next cell loads the LSTM that this same cell trained when the tutorial was run
+# with `VITSCOPE_T4_LSTM=save` (the command is below): `checkpoints/show_attend_tell_t4.safetensors`
+# beside this tutorial. Its encoder started from the classifier of that run, trained by the cell
+# above with the same recipe. Set `LSTM = "train"` (or `VITSCOPE_T4_LSTM=train`) to train it here
+# instead; exercises 2 and 4 need that.
+#
+# ```
+# cd docs/tutorials && VITSCOPE_T4_LSTM=save python 04_captioning_with_attention.py
+# ```
+
 # %%
-start = time.perf_counter()
-train(TrainConfig(**CAPTION, epochs=2, lr=2e-3, caption=CaptionOptions(
-                      captioner="lstm", max_len=40,
-                      decoder_args=dict(embed_dim=128, hidden_dim=256, attn_dim=128, drop=0.1, attention_reg=1.0,
-                                        memory_pos=True))),
-      runs / "lstm", progress=False)
-print(f"trained in {time.perf_counter() - start:.0f} s (evaluations included)")
-lstm = open_captioner(runs / "lstm")
+LSTM = os.environ.get("VITSCOPE_T4_LSTM", "load")  # "load", "train", or "save" (train, then overwrite the file)
+LSTM_FILE = tutorial_file("show_attend_tell_t4.safetensors")
+if LSTM in ("train", "save"):
+    start = time.perf_counter()
+    train(TrainConfig(**CAPTION, epochs=2, lr=2e-3, caption=CaptionOptions(
+                          captioner="lstm", max_len=40,
+                          decoder_args=dict(embed_dim=128, hidden_dim=256, attn_dim=128, drop=0.1, attention_reg=1.0,
+                                            memory_pos=True))),
+          runs / "lstm", progress=False)
+    print(f"trained in {time.perf_counter() - start:.0f} s (evaluations included)")
+    if LSTM == "save":
+        shutil.copyfile(runs / "lstm" / "best.safetensors", LSTM_FILE)
+lstm = open_captioner(runs / "lstm" if LSTM == "train" else LSTM_FILE)
+recipe = lstm.train_config
+print(f"{lstm.source.name}: {recipe['epochs']} epochs at lr {recipe['lr']}; decoder",
+      recipe["caption"]["decoder_args"])
+assert (recipe["epochs"], recipe["lr"], recipe["caption"]["decoder_args"]["hidden_dim"]) == (2, 2e-3, 256)
 table["show-attend-tell, greedy"] = scores(lstm, 1)
 table["show-attend-tell, beam 5"] = scores(lstm, 5)
 show_table(table)
@@ -355,8 +388,9 @@ lecture's figures the words that name a thing look at it, while the little words
 ("a", "the", the punctuation) have nothing in particular to look at.
 
 The two train differently: the transformer's teacher-forced training computes all positions of a
-caption at once, where each LSTM step waits for the previous one (the cells above print both training
-times). vitscope's `caption_lstm` preset
+caption at once, where each LSTM step waits for the previous one: on 2 cores its two epochs take about
+twice the transformer's three (the transformer's time is printed above; with `LSTM = "train"` the
+LSTM's is too). vitscope's `caption_lstm` preset
 (`vitscope train --preset caption_lstm`, on the README's stronger encoder) trains the same LSTM for
 three epochs; its docstring in `vitscope.training.recipes` gives about 91% item accuracy and 89-94%
 grounding with beam 5, with the runs in benchmarks/RESULTS.md.
@@ -457,13 +491,13 @@ print(f"this run of the tutorial took {(time.perf_counter() - tutorial_start) / 
 #
 # 1. **Beam width.** In `scores`, decode with beam 2 and beam 10 as well. Does item accuracy keep
 #    rising with the width, and what happens to `mean_length`?
-# 2. **No regulariser.** Train the LSTM with `attention_reg=0.0` in its `decoder_args`. The
-#    doubly stochastic term asks every image token to get about the same attention over a caption;
-#    without it, does grounding fall, and does item accuracy follow?
+# 2. **No regulariser.** Train the LSTM (`LSTM = "train"`) with `attention_reg=0.0` in its
+#    `decoder_args`. The doubly stochastic term asks every image token to get about the same
+#    attention over a caption; without it, does grounding fall, and does item accuracy follow?
 # 3. **Where are the items?** Train the transformer with `memory_pos=False`: the image tokens then
 #    carry the encoder's fixed sin-cos positions only. Compare item accuracy and grounding.
-# 4. **Too few steps.** Train the LSTM for one epoch at `lr=1e-3` and draw its `caption_figure`:
-#    are its maps spread over the whole scene, as the section on Show, Attend and Tell says of early
-#    training?
+# 4. **Too few steps.** Train the LSTM (`LSTM = "train"`) for one epoch at `lr=1e-3` and draw its
+#    `caption_figure`: are its maps spread over the whole scene, as the section on Show, Attend and
+#    Tell says of early training?
 # 5. **Greedy, by hand.** Write greedy decoding yourself with the model's `encode`, `start`, `step` and `extend`
 #    (see `vitscope.sequence.decoding`) and check that it gives `greedy`'s words on ten scenes.
