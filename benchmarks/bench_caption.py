@@ -100,14 +100,14 @@ def quick_shape(small: bool = False) -> dict:
 
     recipe = caption_quick()
     img = ScenesConfig().cells * ITEM
-    enc = get_config(recipe.model, img_size=img, stem=[], patch_size=4)
+    enc = get_config(recipe.image.model, img_size=img, stem=[], patch_size=4)
     # The scenes' vocabulary: every class, count and cell appears in a few hundred random scenes' captions.
     rng = np.random.default_rng(0)
     scenes = [Scene(2, tuple((c, int(rng.integers(10))) for c in sorted(rng.choice(4, n, replace=False))))
               for n in (1, 2, 3, 4) for _ in range(100)]
     vocab = Vocabulary.build([c for sc in scenes for c in scene_captions(sc, rng)])
     d = recipe.caption.decoder_args
-    shape = dict(preset=recipe.model, img=img, patch=4, in_chans=enc.in_chans, enc_dim=enc.embed_dim,
+    shape = dict(preset=recipe.image.model, img=img, patch=4, in_chans=enc.in_chans, enc_dim=enc.embed_dim,
                  enc_depth=enc.depth, enc_heads=enc.num_heads, enc_mlp=enc.mlp_ratio, dim=d["dim"], depth=d["depth"],
                  heads=d["num_heads"], mlp=d["mlp_ratio"], max_len=recipe.caption.max_len, vocab=len(vocab),
                  memory_pos=d.get("memory_pos", False))
@@ -295,7 +295,7 @@ def curves(run_dirs: list[Path], png: Path | None) -> None:
     for d in run_dirs:
         cfg = json.loads((d / "config.json").read_text())
         rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        init = cfg.get("init_weights")
+        init = (cfg.get("image") or cfg).get("init_weights")  # nested, or older
         start = f"encoder from {Path(init).parent.name}" if init else "from scratch"
         captioner = (cfg.get("caption") or {}).get("captioner") or cfg.get("captioner", "?")  # nested, or older
         label = f"{captioner}, {start}, seed {cfg.get('seed')}"

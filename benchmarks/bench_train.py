@@ -59,7 +59,8 @@ def table(runs: list[dict], reach: list[float]) -> str:
         mins = [r["summary"]["train_time_s"] / 60 for r in rs]
         ips = statistics.mean(r["summary"]["images_per_s"] for r in rs)
         s = rs[0]["summary"]
-        views = s.get("test_views", 2 if rs[0]["config"].get("eval_flip") else 1)  # older runs: no field
+        image = rs[0]["config"].get("image") or rs[0]["config"]  # nested, or older
+        views = s.get("test_views", 2 if image.get("eval_flip") else 1)  # older runs: no field
         lines.append(f"| {name} | {s['model']} | {s['parameters']:,} | {s['epochs']} | {len(rs)} | {views} | "
                      f"{', '.join(f'{a:.2f}' for a in accs)} | {statistics.mean(accs):.2f} | "
                      f"{', '.join(f'{m:.1f}' for m in mins)} | {ips:.0f} |"

@@ -39,7 +39,9 @@ from vitscope.training.loop import train
 from vitscope.training.recipes import get_recipe
 name, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cfg = get_recipe(name)
-cfg.explain_images, cfg.eval_every_steps, cfg.init_weights = 0, 0, None
+cfg.explain_images, cfg.eval_every_steps = 0, 0
+if cfg.image is not None:
+    cfg.image.init_weights = None
 cfg.threads = threads or cfg.threads
 with tempfile.TemporaryDirectory() as d:
     r = train(cfg, d, progress=False, max_steps=steps)

@@ -45,7 +45,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for name in args.presets:
         cfg = get_recipe(name)
-        cfg.init_weights = None
+        if cfg.image is not None:
+            cfg.image.init_weights = None
         s = setup(cfg, torch.device("cpu"), resume=False)
         task = s.task
         steps = task.train_size // cfg.batch_size * cfg.epochs

@@ -29,7 +29,11 @@ def train(out: Path, steps: int, preset: str = "fmnist_quick") -> None:
         from vitscope.recipes import get_recipe
         from vitscope.train import train as run
     cfg = get_recipe(preset)
-    cfg.explain_images, cfg.init_weights = 0, None
+    cfg.explain_images = 0
+    if getattr(cfg, "image", None) is not None:  # the image options' own dataclass (issue 62)
+        cfg.image.init_weights = None
+    elif hasattr(cfg, "init_weights"):  # before it, or a translation (no image options)
+        cfg.init_weights = None
     t = time.time()
     run(cfg, out, progress=False, max_steps=steps)
     print(f"{steps} steps into {out} in {time.time() - t:.1f} s")

@@ -26,7 +26,7 @@ from vitscope.caption import evaluate_captions, load_scenes
 from vitscope.caption.run import open_captioner
 from vitscope.data.transforms import TrainTransform
 from vitscope.training.loop import TrainConfig, train
-from vitscope.training.options import CaptionOptions
+from vitscope.training.options import CaptionOptions, ImageOptions
 from vitscope.training.recipes import get_recipe
 
 TUTORIAL_ENCODER = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, pos_embed="sincos2d", class_token=False,
@@ -35,10 +35,12 @@ TUTORIAL_ENCODER = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, pos_e
 
 def classifier(args) -> None:
     if args.quick:
-        cfg = dataclasses.replace(get_recipe("fmnist_quick"), epochs=args.epochs, eval_flip=False)
+        quick = get_recipe("fmnist_quick")
+        cfg = dataclasses.replace(quick, epochs=args.epochs, image=dataclasses.replace(quick.image, eval_flip=False))
     else:
-        cfg = TrainConfig(model="vit_tiny_patch7_28", model_args=TUTORIAL_ENCODER, epochs=args.epochs, batch_size=128,
-                          lr=2e-3, warmup_epochs=0.2, augment=TrainTransform(crop="none", flip=True))
+        image = ImageOptions(model="vit_tiny_patch7_28", model_args=TUTORIAL_ENCODER,
+                             augment=TrainTransform(crop="none", flip=True))
+        cfg = TrainConfig(image=image, epochs=args.epochs, batch_size=128, lr=2e-3, warmup_epochs=0.2)
     torch.manual_seed(0)
     r = train(dataclasses.replace(cfg, explain_images=0, threads=1), Path(args.out), progress=False)
     print(f"{args.out}: {r.value:.2%} test accuracy")
@@ -55,11 +57,12 @@ def lstm(args) -> None:
     embed, hidden, attn = map(int, args.widths.split(","))
     out = Path(args.runs) / args.name
     start = time.perf_counter()
-    train(TrainConfig(task="caption", dataset="fmnist_scenes", model=model, model_args=model_args,
-                      init_weights=args.encoder, batch_size=args.batch, optimizer="adamw",
+    image = ImageOptions(model=model, model_args=model_args, init_weights=args.encoder,
+                         augment=TrainTransform(crop="none", flip=False))
+    train(TrainConfig(task="caption", dataset="fmnist_scenes", image=image, batch_size=args.batch, optimizer="adamw",
                       weight_decay=0.05, warmup_epochs=args.warmup, label_smoothing=0.1, eval_batch_size=500,
-                      explain_images=0, augment=TrainTransform(crop="none", flip=False),
-                      epochs=args.epochs, lr=args.lr, seed=args.seed, threads=1, caption=CaptionOptions(
+                      explain_images=0, epochs=args.epochs, lr=args.lr, seed=args.seed, threads=1,
+                      caption=CaptionOptions(
                           captioner="lstm", max_len=40,
                           decoder_args=dict(embed_dim=embed, hidden_dim=hidden, attn_dim=attn, drop=0.1,
                                             attention_reg=args.reg, memory_pos=True, memory=args.memory))),

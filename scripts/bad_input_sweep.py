@@ -248,16 +248,16 @@ def config_cases() -> list[Case]:
     from vitscope.caption.transformer import TransformerCaptionerConfig
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.config import TrainConfig
-    from vitscope.training.options import CaptionOptions, TranslateOptions
+    from vitscope.training.options import CaptionOptions, ImageOptions, TranslateOptions
     from vitscope.vit import ViTConfig
 
     out = ["--out", "{W}/out"]
     cases: list[Case] = []
-    hints = {}  # TrainConfig's fields and its task options' (their flags are train's too)
-    for cls in (TrainConfig, CaptionOptions, TranslateOptions):
+    hints = {}  # TrainConfig's fields and its image and task options' (their flags are train's too)
+    for cls in (TrainConfig, ImageOptions, CaptionOptions, TranslateOptions):
         hints |= {k: v for k, v in typing.get_type_hints(cls).items() if k not in hints}
     skip = {"model_args", "decoder_args", "augment", "task", "captioner", "compile", "kernels",
-            "keep_freed_memory", "pretrained", "caption", "translate"}
+            "keep_freed_memory", "pretrained", "image", "caption", "translate"}
     for name in hints:
         if name in skip:
             continue

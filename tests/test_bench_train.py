@@ -14,7 +14,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_train.py
 def _run_dir(root: Path, name: str, accs: list[float], minutes_per_epoch: float) -> Path:
     d = root / name
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"eval_flip": True}))
+    (d / "config.json").write_text(json.dumps({"image": {"eval_flip": True}}))
     rows = [{"epoch": e + 1, "test_acc": a, "train_time_s": 60 * minutes_per_epoch * (e + 1)}
             for e, a in enumerate(accs)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

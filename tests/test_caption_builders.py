@@ -29,7 +29,7 @@ from vitscope.sequence.vocab import PAD, Vocabulary
 from vitscope.training.caption import CaptionTask
 from vitscope.training.config import TrainConfig
 from vitscope.training.distributed import DistInfo
-from vitscope.training.options import CaptionOptions
+from vitscope.training.options import CaptionOptions, ImageOptions
 
 ENCODER = EncoderSpec("vit_tiny_patch7_28", dict(depth=1, embed_dim=32, num_heads=2))
 
@@ -53,11 +53,11 @@ def _training_task(kind, data, monkeypatch):
     """The loop's caption task on `data` (its first 6 scenes the test split), evaluating with beam 2."""
     monkeypatch.setattr(captioning, "load_caption_dataset",
                         lambda name, split, **kw: data if split == "train" else data.subset(range(6)))
-    cfg = TrainConfig(task="caption", model="vit_tiny_patch7_28", model_args=dict(ENCODER.overrides),
+    cfg = TrainConfig(task="caption", image=ImageOptions(model="vit_tiny_patch7_28", model_args=dict(ENCODER.overrides),
+                                                         augment=TrainTransform(crop="none", flip=False)),
                       caption=CaptionOptions(captioner=kind, decoder_args=_decoder(kind), max_len=24,
                                              eval_beam=2),
-                      dataset="fmnist_scenes", batch_size=16, eval_batch_size=4, amp="fp32",
-                      augment=TrainTransform(crop="none", flip=False))
+                      dataset="fmnist_scenes", batch_size=16, eval_batch_size=4, amp="fp32")
     return CaptionTask.build(cfg, resume=False)
 
 

@@ -201,7 +201,7 @@ def test_init_weights_none_and_another_encoder_drop_the_presets_starting_weights
                         (["--model", "vit_tiny_patch7_28", "--init-weights", "w.safetensors"], "w.safetensors"),
                         ([], preset), (["--clip-grad", "none"], preset)):
         cfg = build_train_config(build_parser().parse_args(["train", "--preset", "caption_quick", *flags]))
-        assert cfg.init_weights == want, flags
+        assert cfg.image.init_weights == want, flags
     assert cfg.clip_grad is None  # `--flag none` overrides a preset's value (it used to read as not given)
 
 

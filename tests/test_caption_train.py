@@ -21,7 +21,7 @@ from vitscope.decoder import TransformerDecoder
 from vitscope.inspect.probes import read_probes
 from vitscope.training.loop import TrainConfig, train
 from vitscope.training.optim import muon_param_names
-from vitscope.training.options import CaptionOptions
+from vitscope.training.options import CaptionOptions, ImageOptions
 
 
 def toy_scenes(split: str, n: int) -> CaptionDataset:
@@ -49,7 +49,8 @@ def toy(monkeypatch):
 
 
 def tiny_caption_config(**kw) -> TrainConfig:
-    """A tiny captioning run; `kw` may hold TrainConfig's fields and the caption options' (captioner=...)."""
+    """A tiny captioning run; `kw` may hold TrainConfig's fields, the image options' and the caption options'
+    (captioner=...)."""
     base = dict(task="caption", captioner="transformer", model="vit_tiny_patch7_28",
                 model_args=dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2.0),
                 decoder_args=dict(dim=32, depth=1, num_heads=2, mlp_ratio=2.0, drop=0.0), dataset="fmnist_scenes",
@@ -59,7 +60,8 @@ def tiny_caption_config(**kw) -> TrainConfig:
         base["decoder_args"] = dict(embed_dim=32, hidden_dim=32, attn_dim=16, drop=0.0)
     base.update(kw)
     options = {k: base.pop(k) for k in list(base) if k in CaptionOptions.__dataclass_fields__}
-    return TrainConfig(**base, caption=CaptionOptions(**options))
+    image = {k: base.pop(k) for k in list(base) if k in ImageOptions.__dataclass_fields__}
+    return TrainConfig(**base, image=ImageOptions(**image), caption=CaptionOptions(**options))
 
 
 def test_a_caption_run_trains_end_to_end_through_the_loop(toy, tmp_path):

@@ -29,7 +29,8 @@ def run_dir(tmp_path_factory):
 
 def test_train_writes_a_complete_run(run_dir, capsys):
     cfg = json.loads((run_dir / "config.json").read_text())
-    assert cfg["model_args"]["depth"] == 2 and cfg["dataset"] == "digits" and cfg["augment"]["crop"] == "none"
+    image = cfg["image"]
+    assert image["model_args"]["depth"] == 2 and cfg["dataset"] == "digits" and image["augment"]["crop"] == "none"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0.0 <= summary["test_acc"] <= 1.0 and summary["parameters"] > 0
     for name in ("curves.png", "confusion.png", "explorer.html", "metrics.jsonl", "best.safetensors"):
@@ -247,7 +248,7 @@ def test_tuple_fields_take_space_separated_numbers_and_show_in_help(capsys):
     args = build_parser().parse_args(["train", "--betas", "0.9", "0.98", "--aug-rrc-scale", "0.5", "1.0"])
     cfg = build_train_config(args)
     assert cfg.betas == (0.9, 0.98)
-    assert cfg.augment.rrc_scale == (0.5, 1.0)
+    assert cfg.image.augment.rrc_scale == (0.5, 1.0)
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
@@ -264,23 +265,25 @@ def test_every_train_flag_says_what_it_does_and_its_default():
     from vitscope.cli.main import build_parser
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig
-    from vitscope.training.options import CaptionOptions, TranslateOptions
+    from vitscope.training.options import CaptionOptions, ImageOptions, TranslateOptions
     from vitscope.training.recipes import get_recipe
 
-    for cls in (TrainConfig, TrainTransform, CaptionOptions, TranslateOptions):
+    for cls in (TrainConfig, TrainTransform, ImageOptions, CaptionOptions, TranslateOptions):
         assert all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     actions = {a.dest: a for a in sub.choices["train"]._actions}
     quick = get_recipe("fmnist_quick")
     assert quick.caption is None and quick.translate is None  # a classifier's: the options' own defaults show
     fields = [(f.name, getattr(quick, f.name)) for f in dataclasses.fields(TrainConfig)]
-    fields += [("aug_" + f.name, getattr(quick.augment, f.name)) for f in dataclasses.fields(TrainTransform)]
+    fields += [(f.name, getattr(quick.image, f.name)) for f in dataclasses.fields(ImageOptions)]
+    fields += [("aug_" + f.name, getattr(quick.image.augment, f.name)) for f in dataclasses.fields(TrainTransform)]
     options = {f.name: getattr(o, f.name) for o in (CaptionOptions(), TranslateOptions())
                for f in dataclasses.fields(o)}
     fields += options.items()
     flagged = [(dest, value) for dest, value in fields if dest in actions]
-    # model_args (--set), augment (--aug-*), caption and translate (their fields' flags) have no flag of their own
-    assert len(flagged) == len(fields) - 4
+    # model_args (--set), augment (--aug-*), image, caption and translate (their fields' flags) have no flag of
+    # their own
+    assert len(flagged) == len(fields) - 5
     for dest, value in flagged:
         text = actions[dest].help
         assert text.endswith(f"(default: {_shown(value)})") and not text.startswith("default"), dest
@@ -290,7 +293,7 @@ def test_every_train_flag_says_what_it_does_and_its_default():
     assert actions["eval_flip"].help.endswith("(default: true)")
     assert actions["clip_grad"].help.endswith(f"(default: {quick.clip_grad})")
     assert actions["ema_decay"].help.endswith("(default: none)")
-    assert actions["aug_crop"].help.endswith(f"(default: {quick.augment.crop})")
+    assert actions["aug_crop"].help.endswith(f"(default: {quick.image.augment.crop})")
 
 
 def test_every_option_of_every_command_has_help():
@@ -345,10 +348,11 @@ def test_the_library_presets_name_no_run_folder():
     from vitscope.cli import build_parser, build_train_config
     from vitscope.training.recipes import STARTS_FROM, get_recipe, list_recipes
 
-    assert all(get_recipe(name).init_weights is None for name in list_recipes())
+    assert all(get_recipe(name).image is None or get_recipe(name).image.init_weights is None
+               for name in list_recipes())
     assert set(STARTS_FROM) <= set(list_recipes()) and set(STARTS_FROM.values()) <= set(list_recipes())
     cfg = build_train_config(build_parser().parse_args(["train", "--preset", "caption_lstm_quick"]))
-    assert cfg.init_weights == "runs/fmnist_quick/best.safetensors"
+    assert cfg.image.init_weights == "runs/fmnist_quick/best.safetensors"
 
 
 def test_a_resume_whose_config_was_edited_names_the_fields_and_refuses(tmp_path, capsys):

@@ -235,13 +235,14 @@ def test_training_run_on_cuda_learns_and_its_checkpoint_loads_on_the_cpu(tmp_pat
     pytest.importorskip("sklearn")
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig, train
+    from vitscope.training.options import ImageOptions
     from vitscope.weights.model_io import load_model
 
     tiny = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
             "class_token": False, "global_pool": "avg"}
-    cfg = TrainConfig(model="vit_tiny_patch4_28", model_args=tiny, dataset="digits", epochs=8, batch_size=64,
-                      lr=1e-2, warmup_epochs=0.3, amp="auto", device="cuda", explain_images=2,
-                      augment=TrainTransform(crop="none", flip=False))
+    image = ImageOptions(model="vit_tiny_patch4_28", model_args=tiny, augment=TrainTransform(crop="none", flip=False))
+    cfg = TrainConfig(image=image, dataset="digits", epochs=8, batch_size=64, lr=1e-2, warmup_epochs=0.3,
+                      amp="auto", device="cuda", explain_images=2)
     res = train(cfg, tmp_path, progress=False)
     assert res.value > 0.6  # 10 classes: chance is 0.1
     for name in ("summary.json", "best.safetensors", "curves.png", "explorer.html"):  # the explorer: CPU images

@@ -113,8 +113,9 @@ def test_an_existing_file_as_out_is_one_line(files, capsys):
     ("[]", "holds [], not a JSON object of training fields"),
     ("null", "holds null, not a JSON object of training fields"),
     ('{"epochs": "two"}', "epochs must be a whole number, got 'two'"),
-    ('{"augment": {"flip": true, "wings": 2}}', "augment: "),
-    ('{"model_args": {"stem": "xyz"}}', "stem is a list of [channels, stride] pairs"),
+    ('{"image": {"augment": {"flip": true, "wings": 2}}}', "augment: "),
+    ('{"image": {"model_args": {"stem": "xyz"}}}', "stem is a list of [channels, stride] pairs"),
+    ('{"image": {"wings": 2}}', "image: "),
 ])
 def test_a_config_file_that_is_not_a_config(content, expected, files, tmp_path, capsys):
     cfg = tmp_path / "c.json"

@@ -30,6 +30,7 @@ from vitscope.data.transforms import TrainTransform  # noqa: E402
 from vitscope.training import checkpointing  # noqa: E402
 from vitscope.training.checkpointing import CheckpointError  # noqa: E402
 from vitscope.training.loop import TrainConfig, train  # noqa: E402
+from vitscope.training.options import ImageOptions  # noqa: E402
 from vitscope.training.run_dir import RunDirError, RunLock  # noqa: E402
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2, "mlp_ratio": 2.0,
@@ -43,7 +44,8 @@ def fault_config(**kw) -> TrainConfig:
                 lr=1e-2, warmup_epochs=0.3, amp="fp32", explain_images=0, threads=1, kernels=False,
                 checkpoint_every_steps=4, augment=TrainTransform(crop="pad", pad=1, flip=True))
     base.update(kw)
-    return TrainConfig(**base)
+    image = {k: base.pop(k) for k in list(base) if k in ImageOptions.__dataclass_fields__}
+    return TrainConfig(**base, image=ImageOptions(**image))
 
 
 def run_child(point: str, nth: int, cfg: TrainConfig, run: Path, *, resume: bool = False) -> int:

@@ -114,11 +114,13 @@ def test_training_from_pretrained_weights_starts_from_them_and_resumes_offline(h
 
     from vitscope.data.transforms import TrainTransform
     from vitscope.training.loop import TrainConfig, train
+    from vitscope.training.options import ImageOptions
     from vitscope.weights.model_io import read_metadata
 
-    cfg = TrainConfig(model="vit_tiny_patch16_224", model_args={"depth": 2}, pretrained=True, dataset="digits",
-                      image_size=32, epochs=1, batch_size=64, lr=1e-9, weight_decay=0.0, clip_grad=None,
-                      amp="fp32", explain_images=0, threads=1, augment=TrainTransform(crop="none", flip=False))
+    image = ImageOptions(model="vit_tiny_patch16_224", model_args={"depth": 2}, pretrained=True, image_size=32,
+                         augment=TrainTransform(crop="none", flip=False))
+    cfg = TrainConfig(image=image, dataset="digits", epochs=1, batch_size=64, lr=1e-9, weight_decay=0.0,
+                      clip_grad=None, amp="fp32", explain_images=0, threads=1)
     run = tmp_path / "run"
     train(cfg, run, progress=False, max_steps=2)
     timm_sd = {k.removeprefix("model."): v for k, v in load_file(TIMM_TINY).items() if k.startswith("model.")}
@@ -130,7 +132,7 @@ def test_training_from_pretrained_weights_starts_from_them_and_resumes_offline(h
     assert ours["head.weight"].shape == (10, 192) and ours["pos_embed"].shape == (1, 5, 192)
     meta = read_metadata(run / "last.safetensors")
     assert json.loads(meta["mean"]) == [0.5] and json.loads(meta["std"]) == [0.5]
-    assert json.loads((run / "config.json").read_text())["pretrained"] is True
+    assert json.loads((run / "config.json").read_text())["image"]["pretrained"] is True
     shutil.rmtree(tmp_path / "cache")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert train(cfg, run, resume=True, progress=False).stopped == "finished"

@@ -21,17 +21,20 @@ from vitscope.models import create_model  # noqa: E402
 from vitscope.training import classify  # noqa: E402
 from vitscope.training.checkpointing import CheckpointError  # noqa: E402
 from vitscope.training.loop import NonFiniteLoss, TrainConfig, train  # noqa: E402
+from vitscope.training.options import ImageOptions  # noqa: E402
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
         "class_token": False, "global_pool": "avg"}
 
 
 def tiny_config(**kw) -> TrainConfig:
+    """A tiny classifier's run; `kw` may hold TrainConfig's fields and the image options' (model_args=...)."""
     base = dict(model="vit_tiny_patch4_28", model_args=dict(TINY), dataset="digits", epochs=2, batch_size=64,
                 lr=1e-2, warmup_epochs=0.3, amp="fp32", explain_images=0, threads=1,
                 augment=TrainTransform(crop="none", flip=False))
     base.update(kw)
-    return TrainConfig(**base)
+    image = {k: base.pop(k) for k in list(base) if k in ImageOptions.__dataclass_fields__}
+    return TrainConfig(**base, image=ImageOptions(**image))
 
 
 def weights(run_dir, name="last.safetensors"):

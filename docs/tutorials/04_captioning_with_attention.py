@@ -66,7 +66,7 @@ from vitscope.caption.scenes import CLASS_WORDS, cell_names, parse_caption
 from vitscope.data.transforms import TrainTransform
 from vitscope.positional import sincos_1d
 from vitscope.training.loop import TrainConfig, train
-from vitscope.training.options import CaptionOptions
+from vitscope.training.options import CaptionOptions, ImageOptions
 
 tutorial_start = time.perf_counter()
 torch.manual_seed(0)
@@ -168,8 +168,9 @@ assert good > wrong
 ENCODER = dict(embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0, pos_embed="sincos2d", class_token=False,
                global_pool="avg")
 start = time.perf_counter()
-classifier = train(TrainConfig(model="vit_tiny_patch7_28", model_args=ENCODER, epochs=2, batch_size=128, lr=2e-3,
-                               warmup_epochs=0.2, explain_images=0, augment=TrainTransform(crop="none", flip=True)),
+classifier = train(TrainConfig(image=ImageOptions(model="vit_tiny_patch7_28", model_args=ENCODER,
+                                                  augment=TrainTransform(crop="none", flip=True)),
+                               epochs=2, batch_size=128, lr=2e-3, warmup_epochs=0.2, explain_images=0),
                    runs / "classifier", progress=False)
 print(f"classifier: {classifier.value:.1%} test accuracy in {time.perf_counter() - start:.0f} s")
 assert classifier.value > 0.75
@@ -186,10 +187,12 @@ assert classifier.value > 0.75
 # predicting each next word, all positions at once. Three epochs, small sizes.
 
 # %%
-CAPTION = dict(task="caption", dataset="fmnist_scenes", model="vit_tiny_patch7_28", model_args=ENCODER,
-               init_weights=str(runs / "classifier" / "best.safetensors"), batch_size=64,
+CAPTION = dict(task="caption", dataset="fmnist_scenes", batch_size=64,
+               image=ImageOptions(model="vit_tiny_patch7_28", model_args=ENCODER,
+                                  init_weights=str(runs / "classifier" / "best.safetensors"),
+                                  augment=TrainTransform(crop="none", flip=False)),
                optimizer="adamw", weight_decay=0.05, warmup_epochs=0.1, label_smoothing=0.1, eval_batch_size=500,
-               explain_images=0, augment=TrainTransform(crop="none", flip=False))
+               explain_images=0)
 start = time.perf_counter()
 result = train(TrainConfig(**CAPTION, epochs=3, lr=2e-3, caption=CaptionOptions(
                                captioner="transformer", max_len=40,

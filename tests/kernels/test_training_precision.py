@@ -14,6 +14,7 @@ from vitscope.data.transforms import TrainTransform  # noqa: E402
 from vitscope.kernels import bf16  # noqa: E402
 from vitscope.training.config import TrainConfig  # noqa: E402
 from vitscope.training.loop import train  # noqa: E402
+from vitscope.training.options import ImageOptions  # noqa: E402
 
 TINY = {"img_size": 8, "patch_size": 2, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2.0,
         "class_token": False, "global_pool": "avg"}
@@ -28,9 +29,10 @@ def test_auto_precision_trains_to_the_same_loss_with_and_without_the_kernels(tmp
     half = bf16.native_matmul("cpu")
     runs = {}
     for kernels in (True, False):
-        cfg = TrainConfig(model="vit_tiny_patch4_28", model_args=dict(TINY), dataset="digits", epochs=2,
-                          batch_size=64, lr=1e-2, warmup_epochs=0.3, amp="auto", kernels=kernels, explain_images=0,
-                          threads=1, augment=TrainTransform(crop="none", flip=False))
+        image = ImageOptions(model="vit_tiny_patch4_28", model_args=dict(TINY),
+                             augment=TrainTransform(crop="none", flip=False))
+        cfg = TrainConfig(image=image, dataset="digits", epochs=2, batch_size=64, lr=1e-2, warmup_epochs=0.3,
+                          amp="auto", kernels=kernels, explain_images=0, threads=1)
         train(cfg, tmp_path / str(kernels), progress=False)
         runs[kernels] = _losses(tmp_path / str(kernels))
     fast, plain = runs[True], runs[False]

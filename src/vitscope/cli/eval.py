@@ -158,8 +158,9 @@ def run_caption_eval(args) -> int:
                          f"{', '.join(CAPTION_DATASETS)}")
     cfg = nest_task_options(run.train_config) if name == run.dataset else {}
     caption = cfg.get("caption") if isinstance(cfg.get("caption"), dict) else {}
+    image = cfg.get("image") if isinstance(cfg.get("image"), dict) else {}
     split = args.split or cfg.get("eval_split") or "test"
-    data = load_caption_dataset(name, split, root=args.data_dir or cfg.get("data_dir"), image_size=run.image_size[0],
+    data = load_caption_dataset(name, split, root=args.data_dir or image.get("data_dir"), image_size=run.image_size[0],
                                 channels=run.channels, captions_file=caption.get("captions_file"))
     if tuple(data.images.shape[1:]) != (run.channels, *run.image_size):
         raise UsageError(f"{name} {split} has images of {tuple(data.images.shape[1:])} but the model reads "

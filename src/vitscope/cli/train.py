@@ -57,7 +57,7 @@ def add_train_parser(sub) -> None:
                              "fmnist_quick preset's, which trains when no --preset or --config is given.")
     add_dataclass_flags(g, TrainConfig, defaults=quick)
     a = p.add_argument_group("augmentation fields (TrainTransform)")
-    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_", defaults=quick.augment)
+    add_dataclass_flags(a, TrainTransform, prefix="aug-", dest_prefix="aug_", defaults=quick.image.augment)
     p.set_defaults(run=run_train)
 
 
@@ -98,8 +98,9 @@ def _check_start_weights(cfg, preset: str | None) -> None:
     from vitscope.training.recipes import STARTS_FROM
 
     start = STARTS_FROM.get(preset or ("caption_quick" if cfg.task == "caption" else ""))
-    if start and cfg.init_weights == preset_weights(start) and not Path(cfg.init_weights).is_file():
-        raise UsageError(f"init_weights: no file {cfg.init_weights}; this preset's encoder starts from the {start} "
+    weights = cfg.image.init_weights if cfg.image is not None else None
+    if start and weights == preset_weights(start) and not Path(weights).is_file():
+        raise UsageError(f"init_weights: no file {weights}; this preset's encoder starts from the {start} "
                          f"preset's run: run `make run` (vitscope train --preset {start} --out runs/{start}) first, "
                          f"or train from scratch with --init-weights none")
 
@@ -108,18 +109,23 @@ def _check_start_weights(cfg, preset: str | None) -> None:
 DEFAULT_PRESETS = {"caption": "caption_quick", "translate": "translate_rnn"}
 
 
+# The option fields a flag adds to rather than replaces (--set, --decoder-set, --aug-*), and what they hold.
+_MERGED = {"model_args": "model fields", "decoder_args": "decoder fields", "augment": "augmentation fields"}
+
+
 def _set_options(base: dict, name: str, value, owners: list[str]) -> None:
-    """Put a task option's flag into the options it belongs to: the run's task's where that task has such a
-    field, else the first task's that has (where check_unused refuses it, naming the flag)."""
+    """Put an option's flag into the options it belongs to (the image options, a task's): the run's task's where
+    that task has such a field, else the first that has (where check_unused refuses it, naming the flag)."""
     key = base.get("task", "classify") if base.get("task") in owners else owners[0]
     options = base.get(key)
     if options is not None and not isinstance(options, dict):
-        raise UsageError(f"{key} must be an object of --task {key} fields, got {options!r}")
+        what = "image" if key == "image" else f"--task {key}"
+        raise UsageError(f"{key} must be an object of {what} fields, got {options!r}")
     base[key] = options = dict(options or {})
-    if name == "decoder_args":
-        if not isinstance(options.setdefault("decoder_args", {}), dict):
-            raise UsageError(f"decoder_args must be an object of decoder fields, got {options['decoder_args']!r}")
-        options["decoder_args"] = {**options["decoder_args"], **value}
+    if name in _MERGED:
+        if not isinstance(options.setdefault(name, {}), dict):
+            raise UsageError(f"{name} must be an object of {_MERGED[name]}, got {options[name]!r}")
+        options[name] = {**options[name], **value}
     else:
         options[name] = value
 
@@ -137,10 +143,10 @@ def build_train_config(args):
         preset = args.preset or DEFAULT_PRESETS.get(args.task, "fmnist_quick")
         base = get_recipe(preset).to_dict()
         if preset in STARTS_FROM:
-            base["init_weights"] = preset_weights(STARTS_FROM[preset])
-    base = nest_task_options(base)  # a config.json from before the tasks' options had their own dataclasses
-    inline = inline_options(TrainConfig)  # the tasks' options: their fields' flags are TrainConfig's
-    owners = {}  # a task option's name -> the options that have it
+            base["image"]["init_weights"] = preset_weights(STARTS_FROM[preset])
+    base = nest_task_options(base)  # a config.json from before the options had their own dataclasses
+    inline = inline_options(TrainConfig)  # the image's and the tasks' options: their fields' flags are TrainConfig's
+    owners = {}  # an option's name -> the options that have it
     for key, cls in inline.items():
         for name in cls.__dataclass_fields__:
             owners.setdefault(name, []).append(key)
@@ -149,9 +155,10 @@ def build_train_config(args):
     options = {k: given_value(v) for k, v in vars(args).items()
                if k in owners and v is not None and k != "decoder_args"}
     aug = {k[4:]: given_value(v) for k, v in vars(args).items() if k.startswith("aug_") and v is not None}
-    if base.get("init_weights") and "model" in given and given["model"] != base.get("model") \
-            and "init_weights" not in given:
-        base["init_weights"] = None  # the preset's starting weights are its own model's
+    image = base.get("image")
+    if isinstance(image, dict) and image.get("init_weights") and "model" in options \
+            and options["model"] != image.get("model") and "init_weights" not in options:
+        base["image"] = {**image, "init_weights": None}  # the preset's starting weights are its own model's
     caption = base.get("caption")
     if isinstance(caption, dict) and caption.get("decoder_args") and "captioner" in options \
             and options["captioner"] != caption.get("captioner"):
@@ -162,14 +169,10 @@ def build_train_config(args):
     if (args.weights_only or args.config_changes) and not args.resume:
         raise UsageError(f"{'--weights-only' if args.weights_only else '--config-changes'} goes with --resume RUN_DIR")
     base.update(given)
-    augment = base.get("augment", {})
-    if not isinstance(augment, dict):
-        raise UsageError(f"augment must be an object of augmentation fields, got {augment!r}")
-    base["augment"] = {**augment, **aug}
+    if aug:
+        _set_options(base, "augment", aug, owners["augment"])
     if args.set:
-        if not isinstance(base.setdefault("model_args", {}), dict):
-            raise UsageError(f"model_args must be an object of model fields, got {base['model_args']!r}")
-        base["model_args"].update(parse_model_sets(args.set))
+        _set_options(base, "model_args", parse_model_sets(args.set), owners["model_args"])
     for name, value in options.items():
         _set_options(base, name, value, owners[name])
     if args.decoder_args:
@@ -189,7 +192,8 @@ def run_train(args) -> int:
     else:
         if not args.config:
             _check_start_weights(cfg, args.preset)
-        run_dir = args.out or Path("runs") / f"{args.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = args.preset or (cfg.image.model if cfg.image else cfg.task)
+        run_dir = args.out or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     print(f"run directory: {run_dir}", flush=True)
     result = train(cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, weights_only=args.weights_only,
                    progress=not args.no_progress, config_changes=args.config_changes)

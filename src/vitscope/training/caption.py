@@ -1,5 +1,5 @@
-"""Captioning: a captioner (`cfg.caption.captioner`: transformer or lstm) with a `cfg.model` ViT encoder, on a caption
-dataset (vitscope.caption). Its loss is the captioner's own (teacher-forced cross-entropy, and the LSTM's
+"""Captioning: a captioner (`cfg.caption.captioner`: transformer or lstm) with a `cfg.image.model` ViT encoder, on a
+caption dataset (vitscope.caption). Its loss is the captioner's own (teacher-forced cross-entropy, and the LSTM's
 attention regulariser); its metric is the item accuracy on Fashion-MNIST scenes, CIDEr-D elsewhere.
 
 An epoch reads every training image once, with one of its reference captions drawn from the loop's generator,
@@ -65,8 +65,8 @@ class CaptionTask:
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> CaptionTask:
         check_channels(cfg, captioning.CAPTION_CHANNELS)
-        channels = cfg.model_args.get("in_chans", 3)
-        kw = dict(root=cfg.data_dir, image_size=cfg.image_size or 224, channels=channels,
+        channels = cfg.image.model_args.get("in_chans", 3)
+        kw = dict(root=cfg.image.data_dir, image_size=cfg.image.image_size or 224, channels=channels,
                   captions_file=cfg.caption.captions_file)
         train_set = captioning.load_caption_dataset(cfg.dataset, "train", **kw)
         eval_set = captioning.load_caption_dataset(cfg.dataset, cfg.eval_split, **kw)
@@ -76,14 +76,14 @@ class CaptionTask:
         decoder = {**cfg.caption.decoder_args, "label_smoothing": cfg.label_smoothing}
         config = captioning.CaptionTaskConfig(
             kind=cfg.caption.captioner, decoder=decoder, max_len=cfg.caption.max_len,
-            encoder=EncoderSpec(cfg.model, dict(cfg.model_args), start_weights(cfg, resume)))
+            encoder=EncoderSpec(cfg.image.model, dict(cfg.image.model_args), start_weights(cfg, resume)))
         torch.manual_seed(cfg.seed)
         model = captioning.build_captioner(config, len(vocab), in_chans=c, img_size=(h, w) if h != w else h)
         model.config.encoder.pretrained = False  # a checkpoint rebuilds it from its own weights
         index, tokens = train_set.pairs(vocab, max_len=cfg.caption.max_len)  # every reference caption once
         counts = torch.bincount(index, minlength=len(train_set))
         first_row = torch.cumsum(counts, 0) - counts
-        return cls(cfg, train_set, eval_set, cfg.augment.for_dataset(train_set), vocab, model, first_row, counts,
+        return cls(cfg, train_set, eval_set, cfg.image.augment.for_dataset(train_set), vocab, model, first_row, counts,
                    tokens)
 
     @property
@@ -168,9 +168,9 @@ class CaptionTask:
         """curves.png, summary.json, caption_attention.png (the per-word figure) and captions.html."""
         cfg, metric = self.cfg, self.metric
         plot_curves(read_metrics(run_dir / "metrics.jsonl"), run_dir / "curves.png", metric,
-                    title=f"{cfg.caption.captioner} captioner ({cfg.model} encoder) on {cfg.dataset}")
+                    title=f"{cfg.caption.captioner} captioner ({cfg.image.model} encoder) on {cfg.dataset}")
         write_summary(run_dir, {
-            "task": "caption", "captioner": cfg.caption.captioner, "model": cfg.model, "dataset": cfg.dataset,
+            "task": "caption", "captioner": cfg.caption.captioner, "model": cfg.image.model, "dataset": cfg.dataset,
             "metric": metric.name, metric.key: result.value, f"best_{metric.key}": result.best,
             "test": dict(final.detail["metrics"]), "examples": [detokenize(w) for w in final.detail["captions"][:8]],
             "vocabulary": len(self.vocab), **run_facts(cfg, model, result),

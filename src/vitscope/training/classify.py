@@ -61,33 +61,34 @@ class ClassifyTask:
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> ClassifyTask:
         check_channels(cfg, CHANNELS)
+        image = cfg.image
         # image files are decoded to the channels asked for: the data gives what --set in_chans says
-        extra = ({"channels": cfg.model_args["in_chans"]}
-                 if "in_chans" in cfg.model_args and "channels" in dataset_options(cfg.dataset) else {})
-        train_set = load_dataset(cfg.dataset, "train", root=cfg.data_dir, image_size=cfg.image_size, **extra)
-        eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=cfg.data_dir, image_size=cfg.image_size, **extra)
+        extra = ({"channels": image.model_args["in_chans"]}
+                 if "in_chans" in image.model_args and "channels" in dataset_options(cfg.dataset) else {})
+        train_set = load_dataset(cfg.dataset, "train", root=image.data_dir, image_size=image.image_size, **extra)
+        eval_set = load_dataset(cfg.dataset, cfg.eval_split, root=image.data_dir, image_size=image.image_size, **extra)
         c, h, w = train_set.images.shape[1:]
-        if cfg.model_args.get("in_chans", c) != c:  # the model reads the data's channels: say so before any work
-            raise ConfigError(f"--set in_chans={cfg.model_args['in_chans']}, but {cfg.dataset}'s images have {c} "
+        if image.model_args.get("in_chans", c) != c:  # the model reads the data's channels: say so before any work
+            raise ConfigError(f"--set in_chans={image.model_args['in_chans']}, but {cfg.dataset}'s images have {c} "
                               f"channel{'s' if c != 1 else ''}: drop --set in_chans (the model takes the images' "
                               f"channels)")
         n = len(train_set.classes)
-        if cfg.model_args.get("num_classes", n) != n:  # the head has one output per class of the data
-            raise ConfigError(f"--set num_classes={cfg.model_args['num_classes']}, but {cfg.dataset} has {n} classes: "
-                              f"drop --set num_classes (the head takes the data's classes)")
-        transform = cfg.augment.for_dataset(train_set)
-        if cfg.pretrained and cfg.augment.mean is None and cfg.augment.std is None:  # the weights' own scale
+        if image.model_args.get("num_classes", n) != n:  # the head has one output per class of the data
+            raise ConfigError(f"--set num_classes={image.model_args['num_classes']}, but {cfg.dataset} has {n} "
+                              f"classes: drop --set num_classes (the head takes the data's classes)")
+        transform = image.augment.for_dataset(train_set)
+        if image.pretrained and image.augment.mean is None and image.augment.std is None:  # the weights' own scale
             transform = replace(transform, mean=(pretrained.MEAN,) * c, std=(pretrained.STD,) * c)
         check_batch(cfg, len(train_set), "images")
         torch.manual_seed(cfg.seed)
-        model = create_model(cfg.model, pretrained=start_weights(cfg, resume),
+        model = create_model(image.model, pretrained=start_weights(cfg, resume),
                              **{"num_classes": len(train_set.classes), "in_chans": c,
-                                "img_size": (h, w) if h != w else h, **cfg.model_args})
+                                "img_size": (h, w) if h != w else h, **image.model_args})
         return cls(cfg, train_set, eval_set, transform, model)
 
     @property
     def label(self) -> str:
-        return self.cfg.model
+        return self.cfg.image.model
 
     @property
     def train_module(self) -> nn.Module:
@@ -100,7 +101,7 @@ class ClassifyTask:
     @property
     def final_reevaluates(self) -> bool:
         """The final evaluation averages shifted views too (--final-eval-shift)."""
-        return bool(self.cfg.final_eval_shift)
+        return bool(self.cfg.image.final_eval_shift)
 
     def batch(self, idx: Tensor, gen: torch.Generator) -> tuple:
         x = self.transform(self.train_set.images[idx], gen)  # (B, C, H, W) float, whole global batch
@@ -117,10 +118,10 @@ class ClassifyTask:
         return loss, StepStats(loss.item() * len(y), correct, len(y), len(y))
 
     def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
-        shift = self.cfg.final_eval_shift if final else 0
+        shift = self.cfg.image.final_eval_shift if final else 0
         ev = evaluate(model, self.eval_set, self.transform.mean, self.transform.std,
                       batch_size=self.cfg.eval_batch_size, bf16=bf16, device=device, info=info,
-                      flip=self.cfg.eval_flip, shift=shift)
+                      flip=self.cfg.image.eval_flip, shift=shift)
         return Evaluation(ev["loss"], ev["acc"], detail=ev)
 
     # -- probes: attention over training (vitscope.inspect.probes) ---------------------------------------------
@@ -157,12 +158,12 @@ class ClassifyTask:
         """curves.png, confusion.png, summary.json and explorer.html."""
         cfg, classes = self.cfg, self.eval_set.classes
         rows = read_metrics(run_dir / "metrics.jsonl")
-        plot_curves(rows, run_dir / "curves.png", self.metric, title=f"{cfg.model} on {cfg.dataset}")
+        plot_curves(rows, run_dir / "curves.png", self.metric, title=f"{cfg.image.model} on {cfg.dataset}")
         conf = final.detail["confusion"]
         plot_confusion(conf, classes, run_dir / "confusion.png",
-                       title=f"{cfg.model}: test accuracy {100 * final.value:.2f}%")
+                       title=f"{cfg.image.model}: test accuracy {100 * final.value:.2f}%")
         write_summary(run_dir, {
-            "model": cfg.model, "dataset": cfg.dataset, "test_acc": result.value, "best_test_acc": result.best,
+            "model": cfg.image.model, "dataset": cfg.dataset, "test_acc": result.value, "best_test_acc": result.best,
             "per_class_acc": {c: float(conf[i, i] / max(conf[i].sum(), 1)) for i, c in enumerate(classes)},
             "test_views": final.detail["views"],
             "last_epoch_test_acc": next((r["test_acc"] for r in reversed(rows) if "test_acc" in r), None),

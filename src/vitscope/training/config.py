@@ -9,18 +9,23 @@ ValueError that names the field, the value and the range, so `vitscope train` ca
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from vitscope.caption.builders import CAPTION_DATASETS
-from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
 from vitscope.fields import check_types
 from vitscope.training.model_check import check_model
 from vitscope.training.optim import OptimizerName
-from vitscope.training.options import TASK_OPTIONS, CaptionOptions, TranslateOptions, nest_task_options
+from vitscope.training.options import (
+    IMAGE_TASKS,
+    TASK_OPTIONS,
+    CaptionOptions,
+    ImageOptions,
+    TranslateOptions,
+    nest_task_options,
+)
 
 # torch seeds are 64-bit and the data order seeds with seed * EPOCH_STRIDE + epoch (training/setup.py); 32 bits
 # fit both.
@@ -34,21 +39,12 @@ class TrainConfig:
     """A training run, resolved. Saved as config.json in the run directory."""
 
     # Each field's help is its `vitscope train --help` line (HfArgumentParser reads the same metadata).
-    model: str = field(default="vit_fmnist_quick", metadata={"help": "a model preset (`vitscope models` lists them)"})
-    model_args: dict = field(default_factory=dict, metadata={"help": "ViTConfig overrides, e.g. {'depth': 8}"})
-    pretrained: bool = field(default=False, metadata={
-        "help": "start from timm's ImageNet weights for the model (the *_patch16_224 presets; downloaded "
-                "once, adapted to the data's classes, channels and size; vitscope.weights.pretrained)"})
-    init_weights: str | None = field(default=None, metadata={
-        "help": "start the model (--task caption: its encoder) from this weights file: a vitscope run's "
-                "best.safetensors or a timm checkpoint (a head of another size is left out, the position table "
-                "resized)"})
+    # The image tasks' fields (training/options.py), None for a translation; their flags are flat (--model,
+    # --image-size, --aug-*, ...), made from ImageOptions' fields.
+    image: ImageOptions | None = field(default_factory=ImageOptions, metadata={
+        "help": "--task classify / caption: the model, its starting weights and the images", "flags": "inline"})
     dataset: str = field(default="fashion_mnist", metadata={
         "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
-    data_dir: str | None = field(default=None, metadata={
-        "help": "where the dataset's files are; none: its usual places, downloading what is missing"})
-    image_size: int | None = field(default=None, metadata={
-        "help": "resize to this many pixels a side (image folders, Pets); none: the dataset's own size"})
     eval_split: str = field(default="test", metadata={"help": "the split evaluated after each epoch"})
     epochs: int = field(default=10, metadata={"help": "passes over the training split"})
     batch_size: int = field(default=256, metadata={"help": "images a step, over all processes together"})
@@ -69,13 +65,6 @@ class TrainConfig:
     compile: bool = field(default=False, metadata={"help": "train through torch.compile"})
     ema_decay: float | None = field(default=None, metadata={
         "help": "evaluate a moving average of the weights with this decay, e.g. 0.999; none: off"})
-    eval_flip: bool = field(default=False, metadata={
-        "help": "evaluate each test image and its mirror image, logits averaged"})
-    final_eval_shift: int = field(default=0, metadata={
-        "help": "the final evaluation also averages each image moved this many pixels left, right, up and "
-                "down (with --eval-flip: 10 views); epochs stay cheap"})
-    augment: TrainTransform = field(default_factory=TrainTransform, metadata={
-        "help": "the training augmentation (the --aug-* flags)"})
     seed: int = field(default=0, metadata={"help": f"seeds the weights, the data order and every augmentation "
                                                    f"(0 to {MAX_SEED})"})
     device: str = field(default="auto", metadata={
@@ -111,14 +100,18 @@ class TrainConfig:
         "help": "also save a checkpoint when this many minutes of training passed since the last (0: off)"})
 
     def __post_init__(self):
-        if isinstance(self.augment, dict):
-            try:
-                self.augment = TrainTransform(**_tuples(self.augment))
-            except TypeError as e:  # an unknown or missing augmentation field
-                known = ", ".join(TrainTransform.__dataclass_fields__)
-                raise ConfigError(f"augment: {e}; its fields are {known}") from None
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)
+        if isinstance(self.image, dict):
+            try:
+                self.image = ImageOptions(**self.image)
+            except TypeError as e:  # an unknown field
+                known = ", ".join(ImageOptions.__dataclass_fields__)
+                raise ConfigError(f"image: {e}; its fields are {known}") from None
+        if self.image is None and self.task in IMAGE_TASKS:
+            self.image = ImageOptions()
+        elif self.task not in IMAGE_TASKS and self.image == ImageOptions():  # a translation's, at its defaults: unread
+            self.image = None
         for key, cls in TASK_OPTIONS.items():
             given = getattr(self, key)
             if isinstance(given, dict):
@@ -136,8 +129,14 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise a ValueError naming the first field that is not of its type or not in its range."""
         _check_types(self)
+        if self.task in IMAGE_TASKS:  # a translation's are refused whole (training/task.check_unused)
+            if self.image is None:
+                raise ConfigError(f"--task {self.task} reads images: image holds their options (ImageOptions), "
+                                  f"got none")
+            self.image.validate()
         _check_ranges(self)
-        check_model(self)
+        if self.task in IMAGE_TASKS:
+            check_model(self)
 
     def options(self) -> CaptionOptions | TranslateOptions | None:
         """The task's own options (`self.caption` or `self.translate`), None for a classifier."""
@@ -148,8 +147,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        """A config from its dict (a run's config.json); one written with the task options at its top level
-        (before they had their own dataclasses) loads to the same config."""
+        """A config from its dict (a run's config.json); one written with the image or task options at its top
+        level (before they had their own dataclasses) loads to the same config."""
         if not isinstance(d, dict):
             raise ConfigError(f"a training config is a JSON object of fields (like a run's config.json), "
                              f"got {type(d).__name__} {d!r:.60}")
@@ -160,16 +159,10 @@ class TrainConfig:
         return cls(**d)
 
 
-def _tuples(d: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-
-
 # -- types --------------------------------------------------------------------------------------------
 def _check_types(cfg: TrainConfig) -> None:
     if isinstance(cfg.betas, (tuple, list)) and len(cfg.betas) != 2:
         raise ConfigError(f"betas are AdamW's two, e.g. --betas 0.9 0.999; got {len(cfg.betas)}: {tuple(cfg.betas)}")
-    if cfg.data_dir is not None and isinstance(cfg.data_dir, os.PathLike):
-        cfg.data_dir = os.fspath(cfg.data_dir)
     check_types(cfg)
     cfg.betas = tuple(cfg.betas)
 
@@ -194,8 +187,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
     for name in ("epochs", "batch_size", "eval_batch_size"):
         _at_least(name, getattr(cfg, name), 1)
     _at_least("explain_images", cfg.explain_images, 0, " (0: no explorer)")
-    if cfg.final_eval_shift < 0:
-        raise ConfigError(f"final_eval_shift is a number of pixels, at least 0, got {cfg.final_eval_shift}")
     if cfg.threads is not None and not 0 <= cfg.threads <= MAX_THREADS:
         raise ConfigError(f"threads is a number of CPU threads from 1 to {MAX_THREADS} (0 or none: torch's default), "
                           f"got {cfg.threads}")
@@ -218,10 +209,6 @@ def _check_ranges(cfg: TrainConfig) -> None:
         raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     if not 0 <= cfg.seed <= MAX_SEED:
         raise ConfigError(f"seed must be a whole number from 0 to {MAX_SEED}, got {cfg.seed}")
-    if cfg.image_size is not None:
-        _at_least("image_size", cfg.image_size, 1, " pixel")
-    if cfg.init_weights is not None and cfg.pretrained:
-        raise ConfigError("pretrained and init_weights both choose the starting weights; give one")
     _at_least("eval_every_steps", cfg.eval_every_steps, 0, " (0: only at each epoch's end)")
     _at_least("checkpoint_every_steps", cfg.checkpoint_every_steps, 0, " (0: only at each epoch's end)")
     _finite("checkpoint_every_minutes", cfg.checkpoint_every_minutes, low=0, unit=" (0: off)")
@@ -251,13 +238,13 @@ def _check_caption(cfg: TrainConfig) -> None:
     if cfg.dataset not in CAPTION_DATASETS:
         raise ConfigError(f"--task caption trains on a caption dataset ({', '.join(CAPTION_DATASETS)}), "
                          f"not {cfg.dataset!r}")
-    a = cfg.augment
+    a = cfg.image.augment
     mirror, crop, mixed = "a mirror image swaps left and right", "a random crop cuts out or moves what they name", (
         "a mixed image holds two images' items")
     moved = [(name, why) for name, on, why in (
         ("flip", a.flip, mirror), ("crop rrc", a.crop == "rrc", crop), ("mixup", a.mixup_alpha > 0, mixed),
-        ("cutmix", a.cutmix_alpha > 0, mixed), ("eval_flip", cfg.eval_flip, mirror),
-        ("final_eval_shift", cfg.final_eval_shift > 0, "a shifted image moves its items")) if on]
+        ("cutmix", a.cutmix_alpha > 0, mixed), ("eval_flip", cfg.image.eval_flip, mirror),
+        ("final_eval_shift", cfg.image.final_eval_shift > 0, "a shifted image moves its items")) if on]
     if moved:
         whys = "; ".join(dict.fromkeys(why for _, why in moved))
         raise ConfigError(f"--task caption: {', '.join(n for n, _ in moved)} would move or mix what the captions "

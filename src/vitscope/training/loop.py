@@ -93,14 +93,16 @@ def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
     except (OSError, ValueError):
         return []  # an unreadable record: find_checkpoint's own checks speak for the files
     now = _by_name(json.loads(json.dumps(cfg.to_dict())))  # as saved: tuples become lists
-    saved = _by_name(nest_task_options(saved))  # a checkpoint from before the tasks' options were nested
+    saved = _by_name(nest_task_options(saved))  # a checkpoint from before the options were nested
     return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
 
 
 def _by_name(config: dict) -> dict:
-    """A config dict with each task option under its own dotted name (caption.max_len), so a change names it."""
-    out = {k: v for k, v in config.items() if k not in TASK_OPTIONS or not isinstance(v, dict)}
-    for key in TASK_OPTIONS:
+    """A config dict with each option under its own dotted name (caption.max_len, image.model), so a change names
+    it."""
+    nested = ("image", *TASK_OPTIONS)
+    out = {k: v for k, v in config.items() if k not in nested or not isinstance(v, dict)}
+    for key in nested:
         if isinstance(config.get(key), dict):
             out |= {f"{key}.{k}": v for k, v in config[key].items()}
     return out

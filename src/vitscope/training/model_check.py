@@ -16,15 +16,16 @@ _PROBABILITIES = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rat
 
 
 def check_model(cfg) -> None:
-    """For a TrainConfig `cfg` (not annotated: its module imports this one): the preset exists, each
-    `model_args` field is a ViTConfig field of its type and range, and a training step at `image_size` fits in
-    this machine's memory."""
-    base = get_config(cfg.model).to_dict()  # an unknown preset: its own message, with close names
+    """For a TrainConfig `cfg` of an image task (not annotated: its module imports this one): the preset
+    (`cfg.image.model`) exists, each `model_args` field is a ViTConfig field of its type and range, and a
+    training step at `image_size` fits in this machine's memory."""
+    image = cfg.image
+    base = get_config(image.model).to_dict()  # an unknown preset: its own message, with close names
     known = set(ViTConfig.__dataclass_fields__)
-    unknown = sorted(set(cfg.model_args) - known)
+    unknown = sorted(set(image.model_args) - known)
     if unknown:
         raise ConfigError(f"model_args: {', '.join(unknown)} not a model field; choose from {', '.join(sorted(known))}")
-    args = {**base, **cfg.model_args}
+    args = {**base, **image.model_args}
     for name in _POSITIVE_INTS:
         v = args[name]
         if isinstance(v, int) and not isinstance(v, bool) and v < 1:
@@ -49,7 +50,7 @@ def check_model(cfg) -> None:
         raise ConfigError(f"stem is a list of [channels, stride] pairs of whole numbers >= 1, e.g. --set "
                          f"stem=[[32,2],[64,2]] (or [] for none); got {stem!r}")
     img = args["img_size"]
-    given_img = "img_size" in cfg.model_args
+    given_img = "img_size" in image.model_args
     if isinstance(img, list):
         img = tuple(img)
     if given_img and not (isinstance(img, int) and not isinstance(img, bool) and img >= 1 or isinstance(img, tuple)
@@ -65,14 +66,14 @@ def check_model(cfg) -> None:
     check_params_memory("the model", args["depth"] * (4 + 2 * args["mlp_ratio"]) * d * d
                          + (p * p * channels + tokens + args["num_classes"]) * d, "embed_dim, depth, mlp_ratio")
     # the data is resized to image_size (whatever the model takes), so that side counts where given
-    side = cfg.image_size or ((max(img) if isinstance(img, tuple) else img) if given_img else None)
+    side = image.image_size or ((max(img) if isinstance(img, tuple) else img) if given_img else None)
     if side is not None:
         _check_step_memory(cfg, args, side)
-    if given_img and (cfg.task != "classify" or cfg.image_size not in (None, img)):
+    if given_img and (cfg.task != "classify" or image.image_size not in (None, img)):
         # the encoder is built at the size the images are read at: a second size would be ignored in silence
         raise ConfigError(f"give the image size once, with --image-size (the images are read at it and the model "
                           f"follows), not --set img_size={img!r}"
-                          + (f" beside --image-size {cfg.image_size}" if cfg.image_size is not None else ""))
+                          + (f" beside --image-size {image.image_size}" if image.image_size is not None else ""))
 
 
 def step_bytes(args: dict, side: int, batch: int) -> float:

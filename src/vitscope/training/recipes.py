@@ -11,7 +11,7 @@ from collections.abc import Callable
 from vitscope.data.transforms import TrainTransform
 from vitscope.errors import ConfigError
 from vitscope.training.loop import TrainConfig
-from vitscope.training.options import CaptionOptions, TranslateOptions
+from vitscope.training.options import CaptionOptions, ImageOptions, TranslateOptions
 
 _RECIPES: dict[str, Callable[[], TrainConfig]] = {}
 
@@ -51,9 +51,9 @@ def fmnist_quick() -> TrainConfig:
     matrices (ahead of AdamW by about a point at this length), flips only (crops and erasing cost accuracy in
     so few epochs), seven epochs.
     """
-    return TrainConfig(model="vit_fmnist_quick", optimizer="muon", epochs=7, batch_size=128, lr=1.5e-3,
-                       weight_decay=0.05, warmup_epochs=0.3, label_smoothing=0.1, eval_flip=True,
-                       augment=TrainTransform(crop="none", flip=True))
+    return TrainConfig(optimizer="muon", epochs=7, batch_size=128, lr=1.5e-3, weight_decay=0.05, warmup_epochs=0.3,
+                       label_smoothing=0.1, image=ImageOptions(model="vit_fmnist_quick", eval_flip=True,
+                                                               augment=TrainTransform(crop="none", flip=True)))
 
 
 @recipe
@@ -67,10 +67,11 @@ def fmnist_best() -> TrainConfig:
     faster step's extra epochs. Each epoch is evaluated on every image and its mirror; the final evaluation
     also on each moved one pixel each way (`final_eval_shift`, 10 views).
     """
-    return TrainConfig(model="vit_fmnist_quick", optimizer="muon", epochs=46, batch_size=128, lr=1.5e-3,
-                       weight_decay=0.05, warmup_epochs=1, label_smoothing=0.1, ema_decay=None, eval_flip=True,
-                       final_eval_shift=1, augment=TrainTransform(crop="pad", pad=2, flip=True, erase_p=0.25,
-                                                                  cutmix_alpha=1.0, mix_prob=0.5))
+    return TrainConfig(optimizer="muon", epochs=46, batch_size=128, lr=1.5e-3, weight_decay=0.05, warmup_epochs=1,
+                       label_smoothing=0.1, ema_decay=None, image=ImageOptions(
+                           model="vit_fmnist_quick", eval_flip=True, final_eval_shift=1,
+                           augment=TrainTransform(crop="pad", pad=2, flip=True, erase_p=0.25, cutmix_alpha=1.0,
+                                                  mix_prob=0.5)))
 
 
 @recipe
@@ -80,17 +81,17 @@ def fmnist_tutorial() -> TrainConfig:
 
     `vitscope train --preset fmnist_tutorial`
     """
-    return TrainConfig(model="vit_tiny_patch4_28", model_args={"embed_dim": 32, "num_heads": 2, "mlp_ratio": 1.0},
-                       epochs=20, batch_size=128, lr=1e-3, min_lr=1e-3, weight_decay=0.0, warmup_epochs=0,
-                       label_smoothing=0.0, clip_grad=None, amp="fp32",
-                       augment=TrainTransform(crop="none", flip=False))
+    return TrainConfig(epochs=20, batch_size=128, lr=1e-3, min_lr=1e-3, weight_decay=0.0, warmup_epochs=0,
+                       label_smoothing=0.0, clip_grad=None, amp="fp32", image=ImageOptions(
+                           model="vit_tiny_patch4_28", model_args={"embed_dim": 32, "num_heads": 2, "mlp_ratio": 1.0},
+                           augment=TrainTransform(crop="none", flip=False)))
 
 
 # -- captioning (vitscope.caption; `--task caption`) ----------------------------------------------------
-_SCENES = dict(task="caption", dataset="fmnist_scenes", model="vit_fmnist_quick", optimizer="muon",
+_SCENES = dict(task="caption", dataset="fmnist_scenes", optimizer="muon",
                batch_size=64, lr=1.5e-3, weight_decay=0.05, warmup_epochs=0.3,
                label_smoothing=0.1, eval_batch_size=500, eval_every_steps=156,
-               augment=TrainTransform(crop="none", flip=False))
+               image=ImageOptions(model="vit_fmnist_quick", augment=TrainTransform(crop="none", flip=False)))
 
 
 @recipe

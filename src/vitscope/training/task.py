@@ -31,7 +31,7 @@ from vitscope.io import atomic_write
 from vitscope.kernels import allocator
 from vitscope.training import distributed
 from vitscope.training.config import TrainConfig
-from vitscope.training.options import TASK_OPTIONS
+from vitscope.training.options import IMAGE_TASKS, TASK_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -138,17 +138,18 @@ def start_weights(cfg: TrainConfig, resume: bool) -> bool | str:
     file is looked for here, when a run starts, and not when a config is read)."""
     if resume:
         return False
-    if cfg.init_weights is None:
-        return cfg.pretrained
-    if not os.path.isfile(cfg.init_weights):
-        raise ConfigError(f"init_weights: no file {cfg.init_weights}; give a weights file, or none to start afresh")
-    return cfg.init_weights
+    if cfg.image.init_weights is None:
+        return cfg.image.pretrained
+    if not os.path.isfile(cfg.image.init_weights):
+        raise ConfigError(f"init_weights: no file {cfg.image.init_weights}; give a weights file, or none to start "
+                          f"afresh")
+    return cfg.image.init_weights
 
 
 def check_channels(cfg: TrainConfig, dataset_channels: dict[str, tuple[int, ...]]) -> None:
     """Before the data is read: an `in_chans` (--set) that the dataset's images can be read as, so that an
     impossible one is one line, not every image skipped or a setting the data silently overrides."""
-    given = cfg.model_args.get("in_chans")
+    given = cfg.image.model_args.get("in_chans")
     can = dataset_channels.get(cfg.dataset)
     if given is None or can is None or given in can:
         return
@@ -159,13 +160,10 @@ def check_channels(cfg: TrainConfig, dataset_channels: dict[str, tuple[int, ...]
                       f"channel{'s' if can != (1,) else ''} only: {fix}")
 
 
-# Per task, the settings it reads none of (each task's own fields, and the images' for a translation): one set
-# away from its default is refused before any work, not ignored in silence.
-# Another task's options (cfg.caption, cfg.translate) are always among them.
-UNUSED = {
-    "translate": ("model", "model_args", "pretrained", "init_weights", "data_dir", "image_size", "augment",
-                  "eval_flip", "final_eval_shift", "eval_split"),
-}
+# Per task, the top-level settings it reads none of: one set away from its default is refused before any work, not
+# ignored in silence. So are another task's options (cfg.caption, cfg.translate) and, for a translation, the
+# image options (cfg.image).
+UNUSED = {"translate": ("eval_split",)}
 _FLAGS = {"model_args": "--set", "decoder_args": "--decoder-set"}
 
 
@@ -193,13 +191,17 @@ def _flags(names: list[str], values, defaults: dict) -> list[str]:
 
 
 def check_unused(cfg: TrainConfig) -> None:
-    """Refuse a setting `cfg.task` would not read (`UNUSED`, another task's options), naming its flag."""
-    flags = _flags(list(UNUSED.get(cfg.task, ())), cfg, _defaults(type(cfg)))
+    """Refuse a setting `cfg.task` would not read (`UNUSED`, another task's options, a translation's image
+    options), naming its flag."""
+    def set_in(options) -> list[str]:
+        return _flags([f.name for f in dataclasses.fields(options)], options, _defaults(type(options)))
+
+    flags = set_in(cfg.image) if cfg.task not in IMAGE_TASKS and cfg.image is not None else []
+    flags += _flags(list(UNUSED.get(cfg.task, ())), cfg, _defaults(type(cfg)))
     for key in TASK_OPTIONS:
         options = getattr(cfg, key)
         if key != cfg.task and options is not None:
-            flags += [f for f in _flags([f.name for f in dataclasses.fields(options)], options,
-                                        _defaults(type(options))) if f not in flags]
+            flags += [f for f in set_in(options) if f not in flags]
     if flags:
         what = {"classify": "a classifier", "caption": "a captioner", "translate": "a translator"}[cfg.task]
         why = " (it reads sentences, not images)" if cfg.task == "translate" else ""

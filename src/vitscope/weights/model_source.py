@@ -98,7 +98,8 @@ def load_data(model: VisionTransformer, info: ModelInfo, name: str, split: str |
     split = split or run.get("eval_split") or "test"
     h, w = model.patch_embed.img_size
     extra = {"channels": model.config.in_chans} if "channels" in dataset_options(name) else {}
-    data = load_dataset(name, split, root=data_dir or run.get("data_dir"), image_size=h if h == w else None,
+    image = run.get("image") if isinstance(run.get("image"), dict) else run  # TrainConfig.image, or flat (older)
+    data = load_dataset(name, split, root=data_dir or image.get("data_dir"), image_size=h if h == w else None,
                         **extra)
     return data, split
 
