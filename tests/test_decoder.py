@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitscope.decoder import DecoderBlock, TransformerDecoder
+from vitscope.decoder import DecoderBlock, TransformerDecoder, keep_mask
 
 VOCAB, DIM, DEPTH, HEADS, MAX_LEN, CTX_DIM, M = 11, 16, 2, 4, 12, 12, 5
 F32 = dict(atol=1e-5, rtol=1e-5)
@@ -135,3 +135,28 @@ def test_rows_sharing_a_context_equal_the_context_copied_per_row(decoder):
     torch.testing.assert_close(torch.cat(steps, 1), want, **F32)
     with pytest.raises(ValueError, match="cannot share 4 context rows"):
         decoder(tokens, torch.randn(4, M, CTX_DIM))
+
+
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["logits", "with cross-attention"])
+@pytest.mark.parametrize("groups", [1, 3], ids=["one row per image", "3 beams per image"])
+def test_the_one_token_step_gives_forwards_numbers_bit_for_bit(decoder, groups, weights):
+    """`_step`, the block in the few ops a decoding step needs (what vitscope.kernels' decoder runs through its
+    seams), against forward's modules on caches filled alike: the same logits and cross-attention, every bit.
+    (With weights both take `attend`'s explicit path, without them its fused one: each pair agrees.)"""
+    tokens, ctx = _inputs(b=2 * groups, t=5)
+    ctx = ctx[:2]
+    pad = torch.zeros(2, M, dtype=torch.bool)
+    pad[1, 3:] = True
+    forwarded, stepped = decoder.new_caches(), decoder.new_caches()
+    with torch.inference_mode():
+        for caches in (forwarded, stepped):  # the prompt fills the caches through forward
+            decoder(tokens[:, :2], ctx, context_padding_mask=pad, caches=caches)
+        for t in range(2, tokens.shape[1]):
+            token = tokens[:, t:t + 1]
+            want = decoder(token, None, context_padding_mask=pad, caches=forwarded, return_weights=weights)
+            got = decoder._step(token, keep_mask(pad), stepped, return_weights=weights)
+            for g, w in zip(got, want) if weights else [(got, want)]:
+                assert torch.equal(g, w)
+    assert len(stepped[0][0]) == len(forwarded[0][0]) == tokens.shape[1]

@@ -9,20 +9,28 @@ Beam search decodes G hypotheses of one image: token rows (B·G, T) against a co
 Cross-attention treats each query on its own (no mask between queries), so the G rows' queries are
 read as G·T queries of their image's one context row: (B·G, T, D) -> (B, G·T, D). The context, its
 keys and values and their cache stay at one row per image, never copied per hypothesis.
+
+`TransformerDecoder._step` is that block once more for the one call decoding repeats, one new token per row
+after the caches are filled, in the few ops it needs; its linear layers, cross-attention and MLP are seams
+(`step_linears`, `step_cross_attention`, `step_mlp`) that vitscope.kernels' decoder overrides.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitscope.attention import KVCache, MultiHeadAttention, key_padding_mask
+from vitscope.attention import KVCache, MultiHeadAttention, attend, key_padding_mask
 from vitscope.positional import LearnedPositionalEmbedding
 from vitscope.vit import Mlp
 
 # One (self-attention, cross-attention) cache per block.
 Caches = list[tuple[KVCache, KVCache]]
+# How a decoding step runs a linear layer: linear(x, layer) -> layer's output.
+StepLinear = Callable[[Tensor, nn.Module], Tensor]
 
 
 def keep_mask(padding_mask: Tensor | None) -> Tensor | None:
@@ -37,6 +45,11 @@ def context_rows(context: Tensor | None, caches: Caches | None, default: int) ->
     if caches and caches[0][1].k is not None:
         return caches[0][1].k.shape[0]
     return default
+
+
+def own_forward(x: Tensor, layer: nn.Module) -> Tensor:
+    """layer(x): a decoding step's linear layer run by its own forward (`TransformerDecoder.step_linears`)."""
+    return layer(x)
 
 
 class DecoderBlock(nn.Module):
@@ -198,3 +211,61 @@ class TransformerDecoder(nn.Module):
             return logits
         return logits, torch.stack(cross, 2).transpose(1, 3)  # (B, H, L, T, M) -> (B, T, L, H, M)
 
+    # -- one decoding step: what greedy decoding and beam search repeat --------------------------------------------
+    def _step(self, tokens: Tensor, context_mask: Tensor | None, caches: Caches, return_weights: bool = False):
+        """`forward(tokens, None, context_padding_mask=..., caches=caches, return_weights=...)` for one new token
+        per row after the caches are filled, in inference: tokens (R, 1) -> logits (R, 1, V), and with
+        `return_weights` every block's cross-attention (R, 1, L, H, N). The same numbers, bit for bit
+        (tests/test_decoder.py), in the few ops a step needs: no checks (the caller has made forward's), no
+        causal mask (one query sees every cached key), no dropout. `context_mask` is `keep_mask` of the context's
+        padding mask, (B, 1, 1, N). vitscope.kernels' decoder takes its steps here, through the seams below."""
+        r, past = tokens.shape[0], len(caches[0][0])
+        b = caches[0][1].k.shape[0]
+        g = r // b  # hypotheses per image
+        x = self.token_embed(tokens) + self.pos_embed.weight[past:past + 1]  # (R, 1, D)
+        linear = self.step_linears(x)
+        cross = []
+        for i, (block, (self_cache, cross_cache)) in enumerate(zip(self.blocks, caches)):
+            sa, ca = block.self_attn, block.cross_attn
+            # x + self_attn(norm1(x)): the new token's query against its row's cached keys and its own
+            qkv = linear(block.norm1(x), sa.qkv).view(r, 1, 3, sa.num_heads, sa.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (R, H, 1, Dh) each
+            k, v = self_cache.append(k, v)  # (R, H, past + 1, Dh)
+            out = attend(q, k, v, scale=sa.scale)  # (R, H, 1, Dh)
+            x = x + linear(out.transpose(1, 2).reshape(r, 1, -1), sa.proj)
+            # x + cross_attn(norm2(x), context): an image's G beams ask its one context row together
+            q = linear(block.norm2(x).reshape(b, g, -1), ca.q)  # (B, G, H·Dh)
+            q = q.view(b, g, ca.num_heads, ca.head_dim).transpose(1, 2)  # (B, H, G, Dh)
+            out, w = self.step_cross_attention(i, ca, q, cross_cache, context_mask, return_weights)
+            if return_weights:
+                cross.append(w.transpose(1, 2))  # (B, G, H, N)
+            x = x + linear(out, ca.proj).reshape(r, 1, -1)
+            # x + mlp(norm3(x))
+            x = x + self.step_mlp(block.mlp, block.norm3(x), linear)
+        logits = linear(self.norm(x), self.head)  # (R, 1, V)
+        if not return_weights:
+            return logits
+        return logits, torch.stack(cross, 2).reshape(r, 1, len(cross), *cross[0].shape[2:])  # (R, 1, L, H, N)
+
+    # The step's three seams, which vitscope.kernels' decoder overrides (kernels/fast_decoder.py).
+    def step_linears(self, x: Tensor) -> StepLinear:
+        """How a step's linear layers run, chosen once per step from its first input x (R, 1, D): here each
+        layer's own forward. A seam because one step runs ~6 small layers per block, and the kernels run them all
+        through one product chosen once, with bfloat16 weights cast once and kept between steps."""
+        return own_forward
+
+    def step_cross_attention(self, i: int, attn: MultiHeadAttention, q: Tensor, cache: KVCache,
+                             context_mask: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Block i's cross-attention `attn` of a step's queries q (B, H, G, Dh) over the context's cached keys and
+        values (B, H, N, Dh) -> (its output (B, G, H·Dh) as `proj` reads it, its weights (B, H, G, N) where
+        `return_weights`, else None). A seam because the kernels take it from keys and values packed once per
+        decoding, in bfloat16 with float32 scores."""
+        out = attend(q, cache.k, cache.v, mask=context_mask, scale=attn.scale, return_weights=return_weights)
+        out, w = out if return_weights else (out, None)
+        b, h, g, d = out.shape
+        return out.transpose(1, 2).reshape(b, g, h * d), w  # (B, H, G, Dh) -> (B, G, H·Dh)
+
+    def step_mlp(self, mlp: Mlp, x: Tensor, linear: StepLinear) -> Tensor:
+        """mlp(x) for a step's x (R, 1, D): here the module's own forward. A seam because the kernels run its two
+        layers through the step's `linear` (`step_linears`), in bfloat16 with fc1's GELU inside its product."""
+        return mlp(x)

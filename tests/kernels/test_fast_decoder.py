@@ -172,3 +172,11 @@ def test_the_decode_attention_kernel_refuses_what_it_cannot_take():
     assert not decode_attention.usable(torch.randn(2, 2, 32, 2).to(BF).transpose(-1, -2), k, k)  # strided dims
     if not KERNEL:
         assert not decode_attention.usable(q, k, k)
+
+
+def test_the_fast_decoder_overrides_the_plain_steps_seams_not_the_step():
+    """The one-token step is written once, in vitscope/decoder.py; the kernels' decoder chooses when it runs
+    (`forward`) and how its linear layers, cross-attention and MLP run, never its block loop."""
+    overridden = {name for name, value in vars(FastTransformerDecoder).items()
+                  if callable(value) and name in dir(TransformerDecoder) and not name.startswith("__")}
+    assert overridden == {"forward", "step_linears", "step_cross_attention", "step_mlp"}

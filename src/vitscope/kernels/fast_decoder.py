@@ -1,34 +1,27 @@
-"""The Transformer decoder's one-token step, in the few ops it needs: what greedy decoding and beam search call.
+"""The Transformer decoder's one-token step through vitscope's kernels: what greedy decoding and beam search call.
 
 Decoding calls the decoder once per word with one new token per row, against the keys and values its caches
 hold. A step at caption_quick's shape (32 rows, width 128, 2 blocks) is a few MFLOP, so its time is what
-surrounds the arithmetic: the plain decoder (vitscope/decoder.py) goes through each attention module's
-projection, rearranges, mask handling and checks, and under bfloat16 autocast casts every linear layer's
-weights to bfloat16 again at every call; and PyTorch's bfloat16 products of one query row, which the
-cross-attention asks twice per block, run at a few GFLOP/s. `FastTransformerDecoder.forward` takes such a step
-with the same tensors in the same order through the same linear kernels and `attend` (so the plain decoder's
-numbers, bit for bit), except that:
+surrounds the arithmetic: the plain decoder's forward goes through each attention module's projection,
+rearranges, mask handling and checks, and under bfloat16 autocast casts every linear layer's weights to bfloat16
+again at every call; and PyTorch's bfloat16 products of one query row, which the cross-attention asks twice per
+block, run at a few GFLOP/s. `FastTransformerDecoder.forward` sends such a step to the plain decoder's
+`TransformerDecoder._step` (vitscope/decoder.py: the block in the few ops a step needs, the plain forward's
+numbers bit for bit) and overrides its three seams:
 
-- the linear layers' bfloat16 weights are cast once and kept on the module, recast when a weight changes
-  (its version or storage); they take half the size of the decoder's linear layers;
-- in bfloat16, where vitscope's decode-attention kernel runs (decode_attention.py), it takes the
-  cross-attention from keys and values packed once per decoding: its weights keep float32 scores, so they
-  are closer to the float64 ones than `attend`'s.
-
-    x = token_embed(token) + pos_embed[t]                                  (R, 1, D)
-    for each block:
-        q, k, v = qkv(norm1(x)) as (R, H, 1, Dh);  k, v = self cache + k, v
-        x = x + proj(attend(q, k, v))                                      one query, every cached key
-        q = q(norm2(x)) as (B, H, G, Dh)                                   an image's G beams together
-        x = x + proj(attend(q, cross k, cross v))                          weights (B, H, G, N) kept
-        x = x + mlp(norm3(x))
-    logits = head(norm(x))                                                 (R, 1, V)
+- `step_linears`: every linear layer through the one product `Linear.forward` would choose (the same kernels,
+  so the same numbers), chosen once per step; in bfloat16 the weights are cast once and kept on the module,
+  recast when a weight changes (its version or storage): half the size of the decoder's linear layers;
+- `step_cross_attention`: in bfloat16, where vitscope's decode-attention kernel runs (decode_attention.py), the
+  cross-attention from keys and values packed once per decoding: its weights keep float32 scores, so they are
+  closer to the float64 ones than `attend`'s;
+- `step_mlp`: the MLP's two layers through those products, in bfloat16 with fc1's GELU inside its product as
+  FastMlp runs it.
 
 Every other call (training, teacher forcing, the first step that fills the caches, hooks, captured or
-masked heads, a padding mask on the tokens) runs the plain decoder. Measurements: docs/performance.md,
-"Decoding one token at a time".
+masked heads, a padding mask on the tokens) runs the plain decoder's forward. Measurements:
+docs/performance.md, "Decoding one token at a time".
 """
-
 from __future__ import annotations
 
 import weakref
@@ -38,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitscope.attention import MultiHeadAttention, attend
-from vitscope.decoder import Caches, DecoderBlock, TransformerDecoder, context_rows, keep_mask
+from vitscope.attention import KVCache, MultiHeadAttention
+from vitscope.decoder import Caches, DecoderBlock, StepLinear, TransformerDecoder, context_rows, keep_mask
 from vitscope.kernels import decode_attention, fused_linear, linear_bf16
 from vitscope.kernels.fused_linear import Linear
 from vitscope.kernels.guards import DecidesOnSwap, hooked
@@ -61,8 +54,8 @@ def _bfloat16_linear(x: Tensor, w: Tensor, b: Tensor | None, packed: Tensor | No
 
 
 class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
-    """The decoder whose one-token decoding steps run `_step` (the module docstring); every other call is the
-    plain decoder's."""
+    """The decoder whose one-token decoding steps run the plain `_step` through the kernels' seams (the module
+    docstring); every other call is the plain decoder's forward."""
 
     def _decide(self) -> None:
         blocks = list(self.blocks)
@@ -154,48 +147,6 @@ class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
             self._cast = (key, weights)
         return _bfloat16_linear, self._cast[1]
 
-    def _step(self, tokens: Tensor, context_mask: Tensor | None, caches: Caches, return_weights: bool):
-        """tokens (R, 1) -> logits (R, 1, V), and with `return_weights` every block's cross-attention
-        (R, 1, L, H, N), as TransformerDecoder.forward gives them."""
-        r, past = tokens.shape[0], len(caches[0][0])
-        b = caches[0][1].k.shape[0]
-        g = r // b  # hypotheses per image
-        x = self.token_embed(tokens) + self.pos_embed.weight[past:past + 1]  # (R, 1, D)
-        products = self._products(x)
-
-        def linear(x: Tensor, m: nn.Module) -> Tensor:
-            return m(x) if products is None else products[0](x, *products[1][m])
-
-        cross = []
-        for i, (block, (self_cache, cross_cache)) in enumerate(zip(self.blocks, caches)):
-            sa, ca = block.self_attn, block.cross_attn
-            qkv = linear(block.norm1(x), sa.qkv).view(r, 1, 3, sa.num_heads, sa.head_dim)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (R, H, 1, Dh) each
-            k, v = self_cache.append(k, v)  # (R, H, past + 1, Dh)
-            out = attend(q, k, v, scale=sa.scale)  # (R, H, 1, Dh)
-            x = x + linear(out.transpose(1, 2).reshape(r, 1, -1), sa.proj)
-
-            q = linear(block.norm2(x).reshape(b, g, -1), ca.q)  # (B, G, H·Dh): an image's beams together
-            q = q.view(b, g, ca.num_heads, ca.head_dim).transpose(1, 2)  # (B, H, G, Dh)
-            packed = self._packed(i, cross_cache, q, context_mask)
-            if packed is not None:  # vitscope's kernel: out (B, G, H·Dh) as proj reads it
-                out, w = decode_attention.attend(q, packed, cross_cache.k.shape[2], ca.scale, context_mask,
-                                                 return_weights)
-            else:
-                out = attend(q, cross_cache.k, cross_cache.v, mask=context_mask, scale=ca.scale,
-                             return_weights=return_weights)
-                out, w = out if return_weights else (out, None)
-                out = out.transpose(1, 2).reshape(b, g, -1)  # (B, G, H·Dh)
-            if return_weights:
-                cross.append(w.transpose(1, 2))  # (B, G, H, N)
-            x = x + linear(out, ca.proj).reshape(r, 1, -1)
-
-            x = x + self._mlp(block.mlp, block.norm3(x), products, linear)
-        logits = linear(self.norm(x), self.head)  # (R, 1, V)
-        if not return_weights:
-            return logits
-        return logits, torch.stack(cross, 2).reshape(r, 1, len(cross), *cross[0].shape[2:])  # (R, 1, L, H, N)
-
     def _packed(self, i: int, cache, q: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor] | None:
         """Block i's cross-attention keys and values in the decode-attention kernel's layout, packed once per
         decoding (the cache they come from is new for each), or None where the kernel does not run."""
@@ -209,12 +160,42 @@ class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
             self._packs[i] = entry
         return entry[2]
 
-    def _mlp(self, mlp: Mlp, h: Tensor, products: tuple | None, linear: Callable[..., Tensor]) -> Tensor:
-        """mlp(h): on FastMlp's bfloat16 inference path with fc1's GELU inside its product, as it would run it;
-        otherwise fc2(act(fc1(h))) through `linear` (dropout is off in inference)."""
-        if products is None:
-            return mlp(h)
-        if products[0] is _bfloat16_linear and self._fused_mlps:
-            fn, weights = products
-            return fn(fn(h, *weights[mlp.fc1], gelu=True), *weights[mlp.fc2])
-        return linear(mlp.act(linear(h, mlp.fc1)), mlp.fc2)
+    # The plain decoder's step seams (TransformerDecoder._step), taken where a step's layers allow.
+    def step_linears(self, x: Tensor) -> StepLinear:
+        """Every linear layer of the step through the one product `_products` chooses from x, with the weights it
+        keeps; each layer's own forward where it chooses none."""
+        products = self._products(x)
+        return super().step_linears(x) if products is None else _Products(*products)
+
+    def step_cross_attention(self, i: int, attn: MultiHeadAttention, q: Tensor, cache: KVCache,
+                             context_mask: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """vitscope's decode-attention kernel over block i's keys and values packed once per decoding, where it
+        runs (bfloat16); else the plain step's `attend`."""
+        packed = self._packed(i, cache, q, context_mask)
+        if packed is None:
+            return super().step_cross_attention(i, attn, q, cache, context_mask, return_weights)
+        return decode_attention.attend(q, packed, cache.k.shape[2], attn.scale, context_mask, return_weights)
+
+    def step_mlp(self, mlp: Mlp, x: Tensor, linear: StepLinear) -> Tensor:
+        """fc2(act(fc1(x))) through the step's products (dropout is off in inference), on FastMlp's bfloat16
+        inference path with fc1's GELU inside its product, as it would run it; the MLP's own forward where the
+        step's layers run their own."""
+        if not isinstance(linear, _Products):
+            return super().step_mlp(mlp, x, linear)
+        if linear.fn is _bfloat16_linear and self._fused_mlps:
+            return linear.fn(linear.fn(x, *linear.args[mlp.fc1], gelu=True), *linear.args[mlp.fc2])
+        return linear(mlp.act(linear(x, mlp.fc1)), mlp.fc2)
+
+
+class _Products:
+    """A step's linear layers through one product function `fn`, each layer with its arguments for it (its weight
+    and bias; on the bfloat16 path cast once and kept): the `linear(x, layer)` that `step_linears` hands the
+    step."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., Tensor], args: dict[nn.Module, tuple]):
+        self.fn, self.args = fn, args
+
+    def __call__(self, x: Tensor, layer: nn.Module) -> Tensor:
+        return self.fn(x, *self.args[layer])
