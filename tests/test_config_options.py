@@ -14,9 +14,10 @@ import torch
 
 from test_train import tiny_config, weights
 from vitscope.errors import ConfigError
-from vitscope.training.checkpointing import MANIFEST, Progress
+from vitscope.training.checkpointing import MANIFEST
 from vitscope.training.loop import TrainConfig, train
 from vitscope.training.options import CaptionOptions, ImageOptions, TranslateOptions, nest_task_options
+from vitscope.training.progress import Progress
 from vitscope.training.recipes import get_recipe
 from vitscope.training.task import check_unused
 

@@ -33,6 +33,7 @@ import torch
 
 from vitscope.errors import VitscopeError
 from vitscope.io import atomic_write
+from vitscope.training.progress import best_metric_key
 from vitscope.weights.model_io import (
     load_training_state,
     load_weights,
@@ -74,37 +75,6 @@ class Checkpoint:
     def describe(self) -> str:
         names = [p.name for p in (self.weights, self.ema, self.state) if p is not None]
         return f"step {self.step} ({' + '.join(names)})"
-
-
-@dataclass
-class Progress:
-    """Where a run is: what a checkpoint saves besides the weights and the optimizer (the data position is
-    the step: every epoch's order comes from (seed, epoch))."""
-
-    step: int = 0
-    best_metric: float = 0.0  # the best value of the task's Metric (accuracy, CIDEr-D, exact match) so far
-    train_time_s: float = 0.0
-    seen: int = 0
-    # the running epoch's training loss and accuracy so far, so a resumed epoch reports the same numbers
-    epoch_loss_sum: float = 0.0
-    epoch_correct: int = 0
-    epoch_count: int = 0
-    train_cpu_s: float = 0.0  # the process's CPU seconds of training, all its threads
-
-    def to_state(self) -> dict:
-        return {"step": self.step, "best_metric": self.best_metric, "train_time_s": self.train_time_s,
-                "seen": self.seen,
-                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count],
-                "train_cpu_s": self.train_cpu_s}
-
-    @classmethod
-    def from_state(cls, s: dict) -> Progress:
-        sums = s.get("epoch_sums")
-        if not (isinstance(sums, (list, tuple)) and len(sums) == 3 and all(isinstance(x, (int, float)) for x in sums)):
-            sums = [0.0, 0, 0]  # runs saved before these were kept start the epoch's sums at 0
-        cpu = s.get("train_cpu_s")  # runs saved before it was kept count from 0
-        return cls(int(s["step"]), float(s[_best_key(s)]), float(s["train_time_s"]), int(s["seen"]),
-                   float(sums[0]), int(sums[1]), int(sums[2]), float(cpu) if isinstance(cpu, (int, float)) else 0.0)
 
 
 def stamp(step: int) -> str:
@@ -342,12 +312,6 @@ _STATE_KEYS = {"optimizer": dict, "generator": torch.Tensor, "torch_rng": torch.
                "best_metric": float, "train_time_s": float, "seen": int}
 
 
-def _best_key(state: dict) -> str:
-    """Where a state holds the best metric: states saved before it was named for every task's metric call it
-    best_acc (an accuracy, a CIDEr-D or an exact match all the same)."""
-    return "best_acc" if "best_metric" not in state and "best_acc" in state else "best_metric"
-
-
 def _load_state(run_dir: Path, path: Path) -> dict:
     try:
         state = load_training_state(path)
@@ -356,7 +320,7 @@ def _load_state(run_dir: Path, path: Path) -> dict:
     if not isinstance(state, dict):
         raise _refuse(run_dir, f"{path.name} holds a {type(state).__name__}, not a training state")
     for key, kind in _STATE_KEYS.items():
-        key = _best_key(state) if key == "best_metric" else key
+        key = best_metric_key(state) if key == "best_metric" else key
         value = state.get(key)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else (
             isinstance(value, kind) and not isinstance(value, bool))

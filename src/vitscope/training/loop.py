@@ -34,7 +34,6 @@ from vitscope.training import distributed
 from vitscope.training.checkpointing import (
     Checkpoint,
     CheckpointError,
-    Progress,
     find_checkpoint,
     save_checkpoint,
 )
@@ -42,6 +41,7 @@ from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
 from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.probes import ProbeLog, write_probe_report
+from vitscope.training.progress import Progress
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
