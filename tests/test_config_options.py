@@ -92,8 +92,8 @@ def test_the_image_options_are_refused_by_a_translation_in_one_line(flags, named
 
 
 def test_resume_names_a_changed_image_option(tmp_path):
-    from vitscope.training.checkpointing import find_checkpoint
     from vitscope.training.loop import _by_name, _changed_since
+    from vitscope.training.resume import find_checkpoint
 
     # a checkpoint's train_config from before the image options were nested compares as the same config
     flat = json.loads((FIXTURES / "image_flat_config_fmnist_best.json").read_text())

@@ -31,17 +31,13 @@ from tqdm.auto import tqdm
 from vitscope.errors import ConfigError
 from vitscope.kernels import allocator
 from vitscope.training import distributed
-from vitscope.training.checkpointing import (
-    Checkpoint,
-    CheckpointError,
-    find_checkpoint,
-    save_checkpoint,
-)
+from vitscope.training.checkpointing import Checkpoint, CheckpointError, save_checkpoint
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
 from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.probes import ProbeLog, write_probe_report
 from vitscope.training.progress import Progress
+from vitscope.training.resume import find_checkpoint
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
