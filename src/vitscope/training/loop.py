@@ -34,15 +34,14 @@ from vitscope.training import distributed
 from vitscope.training.checkpointing import Checkpoint, CheckpointError, save_checkpoint
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
-from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.probes import ProbeLog, write_probe_report
 from vitscope.training.progress import Progress
-from vitscope.training.resume import find_checkpoint
+from vitscope.training.resume import changed_since, find_checkpoint
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
 from vitscope.training.task import Evaluation, TrainResult
-from vitscope.weights.model_io import read_metadata, save_model
+from vitscope.weights.model_io import save_model
 
 # evaluate: the classifier's, for `vitscope eval` and the tests
 __all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]
@@ -81,29 +80,6 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 
 
 # -- the loop ---------------------------------------------------------------------------------------
-def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
-    """The config fields that differ from the ones the checkpoint was trained with (its weights' metadata);
-    fields one side lacks (a run from before the field existed) are not compared."""
-    try:
-        saved = read_metadata(found.weights).json("train_config", dict, {})
-    except (OSError, ValueError):
-        return []  # an unreadable record: find_checkpoint's own checks speak for the files
-    now = _by_name(json.loads(json.dumps(cfg.to_dict())))  # as saved: tuples become lists
-    saved = _by_name(nest_task_options(saved))  # a checkpoint from before the options were nested
-    return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
-
-
-def _by_name(config: dict) -> dict:
-    """A config dict with each option under its own dotted name (caption.max_len, image.model), so a change names
-    it."""
-    nested = ("image", *TASK_OPTIONS)
-    out = {k: v for k, v in config.items() if k not in nested or not isinstance(v, dict)}
-    for key in nested:
-        if isinstance(config.get(key), dict):
-            out |= {f"{key}.{k}": v for k, v in config[key].items()}
-    return out
-
-
 def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
           weights_only: bool = False, progress: bool = True, max_steps: int | None = None,
           config_changes: bool = False) -> TrainResult:
@@ -131,7 +107,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 if resume:
                     held.enter_context(RunLock(run_dir))
             found = find_checkpoint(run_dir, weights_only=weights_only) if resume else None
-            changed = _changed_since(found, cfg) if found is not None and not config_changes else []
+            changed = changed_since(found, cfg) if found is not None and not config_changes else []
             if changed:
                 raise ConfigError(f"{run_dir}/config.json differs from the config its checkpoint was trained with "
                                   f"in {', '.join(changed)}; put the values back to continue the same run, or pass "

@@ -3,7 +3,8 @@
 Resume (`find_checkpoint`) checks the unit checkpointing.py writes: every file present, of the size and hash the
 manifest gives, and the weights and state at the manifest's step. A run written before manifests existed
 (last.safetensors + last.state.pt) resumes when both hold the same step and is refused otherwise. Every refusal
-says what was found and the ways on (--weights-only, or training again).
+says what was found and the ways on (--weights-only, or training again). `changed_since` names the config fields
+that differ from the ones the checkpoint was trained with, which the loop refuses unless told otherwise.
 
 Apart from checkpointing.py because a run reads a checkpoint once, at its start, and answers to whatever it
 finds there (damaged, copied over, from an older vitscope), while it writes one the same way at every save.
@@ -11,6 +12,7 @@ finds there (damaged, copied over, from an older vitscope), while it writes one 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -26,6 +28,8 @@ from vitscope.training.checkpointing import (
     file_sha256,
     read_manifest,
 )
+from vitscope.training.config import TrainConfig
+from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.progress import best_metric_key
 from vitscope.weights.model_io import load_training_state, load_weights, read_metadata
 
@@ -172,3 +176,27 @@ def load_weights_alone(ckpt: Checkpoint, *, model, ema) -> None:
             load_weights(ema, ckpt.ema if ckpt.ema is not None else ckpt.weights)
     except ValueError as e:
         raise CheckpointError(f"cannot resume {ckpt.run_dir} from its weights: {e}") from None
+
+
+# -- the config it was trained with -----------------------------------------------------------------
+def changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
+    """The config fields that differ from the ones the checkpoint was trained with (its weights' metadata);
+    fields one side lacks (a run from before the field existed) are not compared."""
+    try:
+        saved = read_metadata(found.weights).json("train_config", dict, {})
+    except (OSError, ValueError):
+        return []  # an unreadable record: find_checkpoint's own checks speak for the files
+    now = config_by_name(json.loads(json.dumps(cfg.to_dict())))  # as saved: tuples become lists
+    saved = config_by_name(nest_task_options(saved))  # a checkpoint from before the options were nested
+    return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
+
+
+def config_by_name(config: dict) -> dict:
+    """A config dict with each option under its own dotted name (caption.max_len, image.model), so a change names
+    it."""
+    nested = ("image", *TASK_OPTIONS)
+    out = {k: v for k, v in config.items() if k not in nested or not isinstance(v, dict)}
+    for key in nested:
+        if isinstance(config.get(key), dict):
+            out |= {f"{key}.{k}": v for k, v in config[key].items()}
+    return out
