@@ -13,6 +13,10 @@ and writes the report; the loop is the same for every task.
 A first SIGINT or SIGTERM stops a run within seconds: it abandons an evaluation under way, saves a
 checkpoint and skips the final evaluation (a resumed run makes up an epoch's evaluation it missed). A
 second signal leaves at once; the checkpoint the run last committed stays whole.
+
+What the loop calls on has a file of its own: setup.py builds the task and the optimizer, checkpointing.py
+writes a checkpoint as one unit and resume.py finds, checks and loads one, progress.py counts the run's
+progress and shows it, stopping.py hears the signals.
 """
 
 from __future__ import annotations
