@@ -14,9 +14,10 @@ import torch
 
 from test_train import tiny_config, weights
 from vitscope.errors import ConfigError
-from vitscope.training.checkpointing import MANIFEST, Progress
+from vitscope.training.checkpointing import MANIFEST
 from vitscope.training.loop import TrainConfig, train
 from vitscope.training.options import CaptionOptions, ImageOptions, TranslateOptions, nest_task_options
+from vitscope.training.progress import Progress
 from vitscope.training.recipes import get_recipe
 from vitscope.training.task import check_unused
 
@@ -91,19 +92,19 @@ def test_the_image_options_are_refused_by_a_translation_in_one_line(flags, named
 
 
 def test_resume_names_a_changed_image_option(tmp_path):
-    from vitscope.training.checkpointing import find_checkpoint
-    from vitscope.training.loop import _by_name, _changed_since
+    from vitscope.training.resume import changed_since, config_by_name, find_checkpoint
 
     # a checkpoint's train_config from before the image options were nested compares as the same config
     flat = json.loads((FIXTURES / "image_flat_config_fmnist_best.json").read_text())
     now = json.loads(json.dumps(get_recipe("fmnist_best").to_dict()))
-    assert _by_name(nest_task_options(flat)) == _by_name(now) and "image.final_eval_shift" in _by_name(now)
+    assert config_by_name(nest_task_options(flat)) == config_by_name(now)
+    assert "image.final_eval_shift" in config_by_name(now)
     cfg = tiny_config(epochs=1)
     train(cfg, tmp_path, progress=False, max_steps=2)
     found = find_checkpoint(tmp_path)
     changed = dataclasses.replace(cfg, image=dataclasses.replace(cfg.image, eval_flip=True))
-    assert _changed_since(found, changed) == ["image.eval_flip"]
-    assert _changed_since(found, cfg) == []
+    assert changed_since(found, changed) == ["image.eval_flip"]
+    assert changed_since(found, cfg) == []
 
 
 @pytest.mark.parametrize("options,said", [

@@ -27,7 +27,7 @@ pytest.importorskip("sklearn")
 from vitscope.cli import main  # noqa: E402
 from vitscope.data import DataError  # noqa: E402
 from vitscope.data.transforms import TrainTransform  # noqa: E402
-from vitscope.training import checkpointing  # noqa: E402
+from vitscope.training import checkpointing, resume  # noqa: E402
 from vitscope.training.checkpointing import CheckpointError  # noqa: E402
 from vitscope.training.loop import TrainConfig, train  # noqa: E402
 from vitscope.training.options import ImageOptions  # noqa: E402
@@ -404,8 +404,8 @@ def test_a_lost_manifest_is_named_not_the_old_layouts_state_file(reference, tmp_
     if damage == "a folder":
         (run / "checkpoint.json").mkdir()
     with pytest.raises(CheckpointError) as caught:
-        checkpointing.find_checkpoint(run)
+        resume.find_checkpoint(run)
     msg = str(caught.value)
     assert "checkpoint.json" in msg and ("is a folder" if damage == "a folder" else "is missing") in msg
     assert "step-00000006" in msg and "last.state.pt" not in msg and "--weights-only" in msg
-    assert checkpointing.find_checkpoint(run, weights_only=True).step == 6  # the way out it names works
+    assert resume.find_checkpoint(run, weights_only=True).step == 6  # the way out it names works

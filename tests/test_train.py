@@ -83,7 +83,7 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
     """Each epoch's evaluation pauses training; the bar's rate (its time left) must not count that pause as a
     step's time. On a fake clock, a step takes 1 s and an evaluation 1000 s: the bar's elapsed time at the end
     holds the steps alone, however fast or slow the machine is."""
-    import vitscope.training.loop as vt
+    import vitscope.training.progress as progress_module  # the bar is the Meter's
 
     clock = {"t": 0.0}
     real_evaluate, real_loss = classify.evaluate, classify.soft_cross_entropy
@@ -98,7 +98,7 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
 
     bars = []
 
-    class Bar(vt.tqdm):
+    class Bar(progress_module.tqdm):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self._time = lambda: clock["t"]
@@ -108,7 +108,7 @@ def test_the_progress_bar_leaves_the_evaluations_out_of_its_rate(tmp_path, monke
 
     monkeypatch.setattr(classify, "evaluate", slow_evaluate)
     monkeypatch.setattr(classify, "soft_cross_entropy", one_second_step)
-    monkeypatch.setattr(vt, "tqdm", Bar)
+    monkeypatch.setattr(progress_module, "tqdm", Bar)
     train(tiny_config(epochs=2), tmp_path, progress=True)
     (bar,) = bars
     assert bar.n == 44 and bar.format_dict["elapsed"] == pytest.approx(44.0)  # 2 x 22 steps, no evaluation

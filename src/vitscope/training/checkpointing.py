@@ -12,10 +12,8 @@ never be a mixed pair:
     step-0000000N.state.pt          optimizer, generators, step, data position (torch.load weights_only)
     last.safetensors                a hard link to the committed weights, for eval, predict and explain
 
-Resume (`find_checkpoint`) checks the unit: every file present, of the size and hash the manifest
-gives, and the weights and state at the manifest's step. A run written before manifests existed
-(last.safetensors + last.state.pt) resumes when both hold the same step and is refused otherwise.
-`FAULT` lets the fault tests stop the process at each point between and during the writes.
+Finding, checking and loading a checkpoint to resume from is resume.py's. `FAULT` lets the fault tests stop
+the process at each point between and during the writes.
 """
 
 from __future__ import annotations
@@ -29,23 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from vitscope.errors import VitscopeError
 from vitscope.io import atomic_write
-from vitscope.weights.model_io import (
-    load_training_state,
-    load_weights,
-    model_file_writer,
-    read_metadata,
-    save_training_state,
-)
+from vitscope.weights.model_io import model_file_writer, save_training_state
 
 MANIFEST = "checkpoint.json"
 LAST = "last.safetensors"
 LEGACY_STATE = "last.state.pt"
 LEGACY_EMA = "last.ema.safetensors"
-_STEP_FILE = re.compile(r"^step-(\d+)\.(safetensors|ema\.safetensors|state\.pt)$")
+STEP_FILE = re.compile(r"^step-(\d+)\.(safetensors|ema\.safetensors|state\.pt)$")
 
 # The fault tests set this to a function of the point's name ("after-weights", ...) that kills the
 # process or raises there; None in every real run.
@@ -76,42 +66,11 @@ class Checkpoint:
         return f"step {self.step} ({' + '.join(names)})"
 
 
-@dataclass
-class Progress:
-    """Where a run is: what a checkpoint saves besides the weights and the optimizer (the data position is
-    the step: every epoch's order comes from (seed, epoch))."""
-
-    step: int = 0
-    best_metric: float = 0.0  # the best value of the task's Metric (accuracy, CIDEr-D, exact match) so far
-    train_time_s: float = 0.0
-    seen: int = 0
-    # the running epoch's training loss and accuracy so far, so a resumed epoch reports the same numbers
-    epoch_loss_sum: float = 0.0
-    epoch_correct: int = 0
-    epoch_count: int = 0
-    train_cpu_s: float = 0.0  # the process's CPU seconds of training, all its threads
-
-    def to_state(self) -> dict:
-        return {"step": self.step, "best_metric": self.best_metric, "train_time_s": self.train_time_s,
-                "seen": self.seen,
-                "epoch_sums": [self.epoch_loss_sum, self.epoch_correct, self.epoch_count],
-                "train_cpu_s": self.train_cpu_s}
-
-    @classmethod
-    def from_state(cls, s: dict) -> Progress:
-        sums = s.get("epoch_sums")
-        if not (isinstance(sums, (list, tuple)) and len(sums) == 3 and all(isinstance(x, (int, float)) for x in sums)):
-            sums = [0.0, 0, 0]  # runs saved before these were kept start the epoch's sums at 0
-        cpu = s.get("train_cpu_s")  # runs saved before it was kept count from 0
-        return cls(int(s["step"]), float(s[_best_key(s)]), float(s["train_time_s"]), int(s["seen"]),
-                   float(sums[0]), int(sums[1]), int(sums[2]), float(cpu) if isinstance(cpu, (int, float)) else 0.0)
-
-
 def stamp(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -128,7 +87,7 @@ def read_manifest(run_dir: Path) -> dict | None:
         m = json.loads(path.read_text())
         if not (isinstance(m, dict) and isinstance(m.get("step"), int) and isinstance(m.get("files"), dict)
                 and isinstance(m.get("sha256"), dict) and {"weights", "state"} <= set(m["files"])
-                and all(isinstance(v, str) and _STEP_FILE.match(v) for v in m["files"].values())):
+                and all(isinstance(v, str) and STEP_FILE.match(v) for v in m["files"].values())):
             raise ValueError("not a vitscope checkpoint manifest")
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot resume {run_dir}: {path} is damaged ({e}); vitscope writes it whole, so "
@@ -167,7 +126,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, ema, state: dict, metada
             files["ema"] = ema_file.name
         manifest = {"format": 1, "step": step, "files": files,
                     "bytes": {p.name: p.stat().st_size for p in written},
-                    "sha256": {p.name: _sha256(p) for p in written}}
+                    "sha256": {p.name: file_sha256(p) for p in written}}
         atomic_write(run_dir / MANIFEST, _during(lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=2)),
                                                  "during-manifest"))
     except OSError as e:
@@ -231,7 +190,7 @@ def remove_other_steps(run_dir: Path, keep: int | None) -> list[Path]:
     """Delete step-stamped files of any step but `keep`: superseded checkpoints and uncommitted orphans."""
     removed = []
     for p in run_dir.iterdir() if run_dir.is_dir() else ():
-        m = _STEP_FILE.match(p.name)
+        m = STEP_FILE.match(p.name)
         if m and int(m.group(1)) != keep:
             p.unlink(missing_ok=True)
             removed.append(p)
@@ -251,154 +210,3 @@ def _os_advice(e: OSError) -> str:
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "Make the folder writable"
     return "Fix the folder"
-
-
-# -- finding and loading ------------------------------------------------------------------------------
-def _refuse(run_dir: Path, what: str, weights_hint: bool = True) -> CheckpointError:
-    hint = (f"Continue from the weights alone with: vitscope train --resume {run_dir} --weights-only (the "
-            f"optimizer and random state start afresh, so the result will differ from an uninterrupted run), or "
-            if weights_hint else "Or ")
-    # `what` may be another error's message, with its own full stop
-    return CheckpointError(f"cannot resume {run_dir}: {what.rstrip().rstrip('.')}. {hint}train again: vitscope train "
-                           f"--config {run_dir / 'config.json'} --out NEW_DIR")
-
-
-def find_checkpoint(run_dir: Path, *, weights_only: bool = False) -> Checkpoint:
-    """The run's checkpoint, checked as a unit; a CheckpointError saying what was found where it is not one.
-
-    With `weights_only` the weights alone (the manifest's, else last.safetensors) are enough."""
-    run_dir = Path(run_dir)
-    try:
-        m = read_manifest(run_dir)
-    except CheckpointError:
-        if not weights_only or not (run_dir / LAST).is_file():
-            raise
-        m = None  # the weights alone: last.safetensors, whatever the manifest says
-    if m is not None:
-        files = m["files"]
-        step = m["step"]
-        paths = {k: run_dir / v for k, v in files.items()}
-        needed = ["weights"] if weights_only else list(paths)
-        for key in needed:
-            p = paths[key]
-            if not p.is_file():
-                raise _refuse(run_dir, f"its {MANIFEST} names step {step}, but {p.name} is missing",
-                              weights_hint=key != "weights")
-            want_size, want_hash = m.get("bytes", {}).get(p.name), m["sha256"].get(p.name)
-            if (want_size is not None and p.stat().st_size != want_size) or _sha256(p) != want_hash:
-                raise _refuse(run_dir, f"{p.name} is not the file {MANIFEST} was written with (its size or SHA-256 "
-                                       f"differ: changed or copied over since)", weights_hint=key != "weights")
-        ckpt = Checkpoint(run_dir, step, paths["weights"], None if weights_only else paths["state"],
-                          paths.get("ema"))
-        _check_weights_step(ckpt)
-        return ckpt
-    weights, state = run_dir / LAST, run_dir / LEGACY_STATE
-    steps = sorted(p.name for p in run_dir.glob("step-*") if _STEP_FILE.match(p.name)) if run_dir.is_dir() else []
-    if steps and not state.is_file() and not weights_only:  # today's layout, its manifest gone
-        what = "is a folder" if (run_dir / MANIFEST).is_dir() else "is missing"
-        raise _refuse(run_dir, f"{run_dir / MANIFEST}, the file that says which step files form the checkpoint, "
-                               f"{what}, so {', '.join(steps[:3])} cannot be checked as one unit")
-    if not weights.is_file() and not state.is_file():
-        raise CheckpointError(f"cannot resume {run_dir}: it holds no checkpoint yet (stopped before its first "
-                              f"one); train it again: vitscope train --config {run_dir / 'config.json'} "
-                              f"--out {run_dir} --overwrite")
-    if not weights.is_file():
-        raise _refuse(run_dir, f"{LAST} is missing beside {LEGACY_STATE}", weights_hint=False)
-    ema = run_dir / LEGACY_EMA
-    if weights_only:
-        return Checkpoint(run_dir, _weights_step(weights), weights, None, ema if ema.is_file() else None)
-    if not state.is_file():
-        raise _refuse(run_dir, f"{state} is missing (the optimizer, random state and data position that a run "
-                               f"saves beside {LAST})")
-    state_step = _state_step(run_dir, state)
-    weights_step = _weights_step(weights)
-    if weights_step != state_step:
-        raise _refuse(run_dir, f"its checkpoint is a mixed pair: {LAST} holds step {weights_step} but "
-                               f"{LEGACY_STATE} step {state_step} (a run stopped between the two writes)")
-    return Checkpoint(run_dir, state_step, weights, state, ema if ema.is_file() else None)
-
-
-def _weights_step(path: Path) -> int:
-    try:
-        return read_metadata(path).json("step", int, -1)
-    except ValueError as e:
-        raise CheckpointError(f"cannot resume {path.parent}: {e}") from None
-
-
-def _state_step(run_dir: Path, path: Path) -> int:
-    state = _load_state(run_dir, path)
-    return state["step"]
-
-
-def _check_weights_step(ckpt: Checkpoint) -> None:
-    got = _weights_step(ckpt.weights)
-    if got != ckpt.step:
-        raise _refuse(ckpt.run_dir, f"{ckpt.weights.name} holds step {got} but {MANIFEST} says {ckpt.step}",
-                      weights_hint=False)
-
-
-# What a state file must hold, with the type of each entry.
-_STATE_KEYS = {"optimizer": dict, "generator": torch.Tensor, "torch_rng": torch.Tensor, "step": int,
-               "best_metric": float, "train_time_s": float, "seen": int}
-
-
-def _best_key(state: dict) -> str:
-    """Where a state holds the best metric: states saved before it was named for every task's metric call it
-    best_acc (an accuracy, a CIDEr-D or an exact match all the same)."""
-    return "best_acc" if "best_metric" not in state and "best_acc" in state else "best_metric"
-
-
-def _load_state(run_dir: Path, path: Path) -> dict:
-    try:
-        state = load_training_state(path)
-    except (OSError, ValueError) as e:
-        raise _refuse(run_dir, str(e)) from None
-    if not isinstance(state, dict):
-        raise _refuse(run_dir, f"{path.name} holds a {type(state).__name__}, not a training state")
-    for key, kind in _STATE_KEYS.items():
-        key = _best_key(state) if key == "best_metric" else key
-        value = state.get(key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else (
-            isinstance(value, kind) and not isinstance(value, bool))
-        if not ok:
-            have = "is missing" if key not in state else f"is a {type(value).__name__}, not a {kind.__name__}"
-            raise _refuse(run_dir, f"{path.name}: its {key!r} {have}")
-    for key in ("generator", "torch_rng"):
-        if state[key].dtype != torch.uint8 or state[key].ndim != 1:
-            raise _refuse(run_dir, f"{path.name}: its {key!r} is not a random generator's state (a 1-D uint8 tensor)")
-    return state
-
-
-def load_checkpoint(ckpt: Checkpoint, *, model, ema, optimizer, generator: torch.Generator) -> dict:
-    """Load `ckpt` into the model (and EMA), optimizer and generator and torch's RNG; returns the state."""
-    try:
-        load_weights(model, ckpt.weights)
-        if ema is not None:
-            if ckpt.ema is None:
-                raise _refuse(ckpt.run_dir, f"the run averages its weights (ema_decay) but {ckpt.describe()} has "
-                                            f"no .ema.safetensors", weights_hint=False)
-            load_weights(ema, ckpt.ema)
-    except ValueError as e:
-        raise _refuse(ckpt.run_dir, str(e), weights_hint=False) from None
-    state = _load_state(ckpt.run_dir, ckpt.state)
-    if state["step"] != ckpt.step:
-        raise _refuse(ckpt.run_dir, f"{ckpt.state.name} holds step {state['step']} but {ckpt.weights.name} "
-                                    f"step {ckpt.step}")
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-    except (ValueError, RuntimeError, KeyError, TypeError) as e:
-        what = f"{e.args[0]!r} is missing from its optimizer state" if isinstance(e, KeyError) else str(e)
-        raise _refuse(ckpt.run_dir, f"{ckpt.state.name} does not fit this run's model and optimizer ({what})"
-                      ) from None
-    return state
-
-
-def load_weights_alone(ckpt: Checkpoint, *, model, ema) -> None:
-    try:
-        load_weights(model, ckpt.weights)
-        if ema is not None:
-            load_weights(ema, ckpt.ema if ckpt.ema is not None else ckpt.weights)
-    except ValueError as e:
-        raise CheckpointError(f"cannot resume {ckpt.run_dir} from its weights: {e}") from None

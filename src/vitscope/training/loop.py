@@ -13,6 +13,10 @@ and writes the report; the loop is the same for every task.
 A first SIGINT or SIGTERM stops a run within seconds: it abandons an evaluation under way, saves a
 checkpoint and skips the final evaluation (a resumed run makes up an epoch's evaluation it missed). A
 second signal leaves at once; the checkpoint the run last committed stays whole.
+
+What the loop calls on has a file of its own: setup.py builds the task and the optimizer, checkpointing.py
+writes a checkpoint as one unit and resume.py finds, checks and loads one, progress.py counts the run's
+progress and shows it, stopping.py hears the signals.
 """
 
 from __future__ import annotations
@@ -26,27 +30,21 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from vitscope.errors import ConfigError
 from vitscope.kernels import allocator
 from vitscope.training import distributed
-from vitscope.training.checkpointing import (
-    Checkpoint,
-    CheckpointError,
-    Progress,
-    find_checkpoint,
-    save_checkpoint,
-)
+from vitscope.training.checkpointing import Checkpoint, CheckpointError, save_checkpoint
 from vitscope.training.config import TrainConfig
 from vitscope.training.evaluation import evaluate
-from vitscope.training.options import TASK_OPTIONS, nest_task_options
 from vitscope.training.probes import ProbeLog, write_probe_report
+from vitscope.training.progress import Meter, Progress
+from vitscope.training.resume import changed_since, find_checkpoint
 from vitscope.training.run_dir import RunLock, check_target, take
 from vitscope.training.setup import Setup, order_seed, pick_device, read_rows, restore, setup
 from vitscope.training.stopping import Abandon, NonFiniteLoss, Stopper, non_finite
 from vitscope.training.task import Evaluation, TrainResult
-from vitscope.weights.model_io import read_metadata, save_model
+from vitscope.weights.model_io import save_model
 
 # evaluate: the classifier's, for `vitscope eval` and the tests
 __all__ = ["NonFiniteLoss", "TrainConfig", "TrainResult", "evaluate", "train"]
@@ -85,29 +83,6 @@ def _ema_update(ema: nn.Module, model: nn.Module, decay: float) -> None:
 
 
 # -- the loop ---------------------------------------------------------------------------------------
-def _changed_since(found: Checkpoint, cfg: TrainConfig) -> list[str]:
-    """The config fields that differ from the ones the checkpoint was trained with (its weights' metadata);
-    fields one side lacks (a run from before the field existed) are not compared."""
-    try:
-        saved = read_metadata(found.weights).json("train_config", dict, {})
-    except (OSError, ValueError):
-        return []  # an unreadable record: find_checkpoint's own checks speak for the files
-    now = _by_name(json.loads(json.dumps(cfg.to_dict())))  # as saved: tuples become lists
-    saved = _by_name(nest_task_options(saved))  # a checkpoint from before the options were nested
-    return sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])
-
-
-def _by_name(config: dict) -> dict:
-    """A config dict with each option under its own dotted name (caption.max_len, image.model), so a change names
-    it."""
-    nested = ("image", *TASK_OPTIONS)
-    out = {k: v for k, v in config.items() if k not in nested or not isinstance(v, dict)}
-    for key in nested:
-        if isinstance(config.get(key), dict):
-            out |= {f"{key}.{k}": v for k, v in config[key].items()}
-    return out
-
-
 def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
           weights_only: bool = False, progress: bool = True, max_steps: int | None = None,
           config_changes: bool = False) -> TrainResult:
@@ -135,7 +110,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 if resume:
                     held.enter_context(RunLock(run_dir))
             found = find_checkpoint(run_dir, weights_only=weights_only) if resume else None
-            changed = _changed_since(found, cfg) if found is not None and not config_changes else []
+            changed = changed_since(found, cfg) if found is not None and not config_changes else []
             if changed:
                 raise ConfigError(f"{run_dir}/config.json differs from the config its checkpoint was trained with "
                                   f"in {', '.join(changed)}; put the values back to continue the same run, or pass "
@@ -160,7 +135,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 try:
                     stopped = run.loop(run.total if max_steps is None else min(run.total, max_steps))
                 except BaseException:
-                    run.bar.close()  # before the error's line is printed, so that line is the last one
+                    run.meter.close()  # before the error's line is printed, so that line is the last one
                     raise
             return run.finish(stopped)
     finally:
@@ -190,8 +165,8 @@ class _Training:
         self.last_save_t = time.monotonic()
         self.ev: Evaluation | None = None  # the latest evaluation, made at step self.ev_step
         self.ev_step = -1
-        self.bar = tqdm(total=self.total, initial=at.step, disable=not (progress and info.is_main), unit="step",
-                        dynamic_ncols=True, desc=f"train {self.task.label}")
+        self.meter = Meter(at, self.task, cfg, run_dir, total=self.total, steps_per_epoch=self.steps_per_epoch,
+                           show=progress, main=info.is_main)
         self.probes = self.open_probes(found)
 
     # -- probes: the attention of a few fixed inputs at every evaluation ------------------------------------------
@@ -222,7 +197,7 @@ class _Training:
             g["lr"] = lr_at(at.step, self.total, self.warmup, self.cfg)
         loss, stats = self.task.loss(self.net, batch, self.rows, s.device, s.bf16)
         if not torch.isfinite(loss):
-            self.bar.close()
+            self.meter.close()
             raise NonFiniteLoss(non_finite(loss.item(), at.step, epoch, self.cfg, self.run_dir, self.last))
         s.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -247,33 +222,18 @@ class _Training:
             return None
         finally:
             self.stopper.abortable = False
-            # The evaluation is not a step: without this the bar's first rate after it counted its seconds as
-            # one step's (the quick preset's time left read 6 hours for a while); its clock shows training time.
-            self.bar.unpause()
+            self.meter.after_evaluation()
 
     def evaluate_and_log(self, epoch: float) -> bool:
         """Evaluate, write the metrics row (`epoch` is fractional inside an epoch: --eval-every-steps) and keep
-        the best weights; the running epoch's training loss and accuracy are those so far. False when a
-        signal abandoned the evaluation."""
-        at, metric = self.at, self.task.metric
+        the best weights. False when a signal abandoned the evaluation."""
+        at = self.at
         ev = self.evaluate()
         if ev is None:
             return False
         self.ev, self.ev_step = ev, at.step
         self.probe(epoch)
-        count = max(at.epoch_count, 1)
-        row = {"epoch": epoch, "step": at.step, "lr": lr_at(at.step - 1, self.total, self.warmup, self.cfg),
-               "train_loss": at.epoch_loss_sum / count, "train_acc": at.epoch_correct / count,
-               "test_loss": ev.loss, metric.key: ev.value, "train_time_s": round(at.train_time_s, 2),
-               "train_cpu_s": round(at.train_cpu_s, 2),
-               f"{self.task.unit}_per_s": round(at.seen / max(at.train_time_s, 1e-9), 1) if at.seen else None, **ev.row}
-        if self.info.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            shown = (f"epoch {epoch}/{self.cfg.epochs}" if isinstance(epoch, int)
-                     else f"epoch {epoch:.2f}, step {at.step}")
-            self.bar.write(f"{shown}  train loss {row['train_loss']:.4f}  {self.cfg.eval_split} {metric.name} "
-                           f"{metric.format(ev.value)}  ({at.train_time_s / 60:.1f} min)")
+        self.meter.record(epoch, lr_at(at.step - 1, self.total, self.warmup, self.cfg), ev)
         # the first evaluation's weights are the best so far even at a metric of 0 (a caption run's first epoch)
         if ev.value > at.best_metric or not (self.run_dir / "best.safetensors").exists():
             at.best_metric = max(at.best_metric, ev.value)
@@ -337,25 +297,25 @@ class _Training:
             epoch, first = divmod(at.step, spe)
             order = epoch_order(self.task.train_size, cfg.seed, epoch)
             self.s.model.train()
-            t0 = self.clock()
+            t0 = self.meter.clock()
             for i in range(first, min(spe, first + end - at.step)):
                 self.step(order[i * cfg.batch_size : (i + 1) * cfg.batch_size], epoch)
-                self.show_progress(epoch, i, at.train_time_s + time.perf_counter() - t0[0])
+                self.meter.show_step(epoch, i, t0)
                 if distributed.any_flag(self.stopper.signal is not None, self.info):
-                    self.charge(t0)
+                    self.meter.charge(t0)
                     return self.stop()
                 inside = i < spe - 1 and at.step < end
                 if inside and cfg.eval_every_steps and at.step % cfg.eval_every_steps == 0:
-                    self.charge(t0)
+                    self.meter.charge(t0)
                     if not self.evaluate_and_log(round(at.step / spe, 4)):
                         return self.stop()
                     self.s.model.train()
-                    t0 = self.clock()
+                    t0 = self.meter.clock()
                 if inside and self.due():
-                    self.charge(t0)
-                    t0 = self.clock()
+                    self.meter.charge(t0)
+                    t0 = self.meter.clock()
                     self.save_last()
-            self.charge(t0)
+            self.meter.charge(t0)
             if at.step % spe:  # max_steps inside the epoch
                 break
             if not self.end_epoch(epoch + 1):
@@ -373,28 +333,10 @@ class _Training:
             return True
         return self.end_epoch(self.at.step // self.steps_per_epoch)
 
-    @staticmethod
-    def clock() -> tuple[float, float]:
-        return time.perf_counter(), time.process_time()
-
-    def charge(self, start: tuple[float, float]) -> None:
-        """Add the training time since `start` (a `clock()`) to the run's: wall seconds, and the process's CPU
-        seconds (all its threads), which other jobs on a shared machine's cores change far less."""
-        self.at.train_time_s += time.perf_counter() - start[0]
-        self.at.train_cpu_s += time.process_time() - start[1]
-
-    def show_progress(self, epoch: int, i: int, elapsed: float) -> None:
-        at = self.at
-        if i % 10 == 0 or i == self.steps_per_epoch - 1:
-            self.bar.set_postfix(epoch=epoch + 1, loss=f"{at.epoch_loss_sum / at.epoch_count:.3f}",
-                                 acc=f"{at.epoch_correct / at.epoch_count:.3f}",
-                                 img_s=f"{at.seen / max(elapsed, 1e-9):.0f}", refresh=False)
-        self.bar.update(1)
-
     def stop(self) -> str:
         """A signal: save the checkpoint and leave, the final evaluation skipped."""
         self.save_last()
-        self.bar.close()
+        self.meter.close()
         if self.info.is_main:  # one line on stderr, as every other way a run ends early says itself
             print(f"{self.stopper.signal}: stopped by the signal at step {self.at.step}, its checkpoint saved; the "
                   f"final evaluation skipped. Continue with: vitscope train --resume {self.run_dir}",
@@ -403,7 +345,7 @@ class _Training:
 
     def finish(self, stopped: str) -> TrainResult:
         """The final evaluation (the last one's where it is the same), the result and the task's report."""
-        self.bar.close()
+        self.meter.close()
         at, metric = self.at, self.task.metric
         final = None
         if stopped == "finished" and self.stopper.signal is None:

@@ -15,9 +15,11 @@ from vitscope import kernels
 from vitscope.errors import ConfigError
 from vitscope.kernels import bf16
 from vitscope.training import distributed
-from vitscope.training.checkpointing import Checkpoint, Progress, load_checkpoint, load_weights_alone
+from vitscope.training.checkpointing import Checkpoint
 from vitscope.training.config import TrainConfig
 from vitscope.training.optim import build_optimizer
+from vitscope.training.progress import Progress
+from vitscope.training.resume import load_checkpoint, load_weights_alone
 from vitscope.training.task import Task
 from vitscope.training.tasks import build_task
 
