@@ -35,10 +35,12 @@
 # 5. learned positions against sinusoidal ones.
 #
 # COCO or Flickr8k photos cannot be fetched on the machines this runs on, so we use what is here:
-# Fashion-MNIST, from which vitscope builds captioned scenes. It trains three small models: it ran in
-# 10.6 minutes on 2 otherwise idle cores of an AMD EPYC (Zen 3, AVX2, float32) as `make docs` executes it
-# (the classifier 35 s, the transformer 209 s, the LSTM 360 s), and in 16 minutes beside another training;
-# the last cell prints how long your run took.
+# Fashion-MNIST, from which vitscope builds captioned scenes. It trains two small models and loads a
+# third: it ran in 4.6 minutes on 2 otherwise idle cores of an AMD EPYC (Zen 3, AVX2, float32) as
+# `make docs` executes it (the classifier 36 s, the transformer 209 s). The third, the LSTM, is loaded
+# from a checkpoint this tutorial wrote, because training it here takes 6 minutes (360 s the last time
+# `make docs` trained it on that machine); `LSTM = "train"` in its cell trains it instead. The last
+# cell prints how long your run took.
 #
 # The numbers in the text are the run's own: the cells that discuss a result write their text from
 # it, so a rerun that gives other numbers gives other sentences.
@@ -391,9 +393,9 @@ lecture's figures the words that name a thing look at it, while the little words
 ("a", "the", the punctuation) have nothing in particular to look at.
 
 The two train differently: the transformer's teacher-forced training computes all positions of a
-caption at once, where each LSTM step waits for the previous one: on 2 cores its two epochs take about
-twice the transformer's three (the transformer's time is printed above; with `LSTM = "train"` the
-LSTM's is too). vitscope's `caption_lstm` preset
+caption at once, where each LSTM step waits for the previous one: on 2 cores its two epochs took 1.7
+times as long as the transformer's three (360 s against 209 s on the Zen 3 above; the transformer's time
+is printed above, and with `LSTM = "train"` the LSTM's is too). vitscope's `caption_lstm` preset
 (`vitscope train --preset caption_lstm`, on the README's stronger encoder) trains the same LSTM for
 three epochs; its docstring in `vitscope.training.recipes` gives about 91% item accuracy and 89-94%
 grounding with beam 5, with the runs in benchmarks/RESULTS.md.
