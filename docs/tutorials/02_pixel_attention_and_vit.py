@@ -734,9 +734,9 @@ uniform attention:
 | tokens of one pixel (scikit-learn's 8 × 8 digits, 64 tokens) | 100 | 90.5% | 3.7-4.2 px (4.1) |
 
 Even a token of one pixel, which alone cannot see a stroke, did not make its heads gather their
-neighbours: the model reached 90.5% by choosing far tokens by content. Raghu et al. (2021, "Do Vision
-Transformers See Like Convolutional Neural Networks?") found the same dependence at scale: a ViT learns
-to attend locally in its lowest layers with the help of large-scale pre-training data. The ViT paper's
+neighbours: the model reached 90.5% choosing tokens by content, near or far. Raghu et al. (2021, "Do
+Vision Transformers See Like Convolutional Neural Networks?") report that large-scale pre-training data
+is what helps a ViT's lowest layers learn to attend locally. The ViT paper's
 models were pre-trained on up to 300 million images; on Fashion-MNIST, at these budgets, the heads
 choose by content. Exercise 6 gives the commands to try other changes.
 """))
