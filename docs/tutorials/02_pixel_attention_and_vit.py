@@ -736,7 +736,7 @@ uniform attention:
 Even a token of one pixel, which alone cannot see a stroke, did not make its heads gather their
 neighbours: the model reached 90.5% choosing tokens by content, near or far. Raghu et al. (2021, "Do
 Vision Transformers See Like Convolutional Neural Networks?") report that large-scale pre-training data
-is what helps a ViT's lowest layers learn to attend locally. The ViT paper's
+helps a ViT's lowest layers learn to attend locally. The ViT paper's
 models were pre-trained on up to 300 million images; on Fashion-MNIST, at these budgets, the heads
 choose by content. Exercise 6 gives the commands to try other changes.
 """))
