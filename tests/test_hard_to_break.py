@@ -269,7 +269,6 @@ def test_a_grey_image_folder_classifier_with_in_chans_1(tmp_path):
     (TRANSLATE_FLAGS + ["--image-size", "64", "--aug-flip", "false"], "translate", "--image-size, --aug-flip"),
     (TRANSLATE_FLAGS + ["--model", "vit_tiny_patch4_28"], "translate", "--model"),
     (TRANSLATE_FLAGS + ["--pretrained", "true"], "translate", "--pretrained"),
-    (TRANSLATE_FLAGS + ["--eval-split", "train"], "translate", "--eval-split"),
     (TRANSLATE_FLAGS + ["--max-len", "12"], "translate", "--max-len"),
     (CLASSIFY_FLAGS + ["--dataset", "digits", "--eval-beam", "3"], "classify", "--eval-beam"),
     (CLASSIFY_FLAGS + ["--dataset", "digits", "--decoder-set", "dim=8"], "classify", "--decoder-set dim"),
@@ -282,6 +281,22 @@ def test_a_setting_the_task_would_ignore_is_refused_up_front(tmp_path, capsys, f
     code = main(["train", *flags, "--out", str(tmp_path / "out")])
     one_line_error(capsys, code, f"--task {task}: {said} would be ignored")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_translator_evaluates_the_split_it_is_given(tmp_path, capsys):
+    # eval_split is a field every task reads: a translator evaluates the training sentences when asked, and
+    # refuses a split the synthetic pair does not have before any work
+    code = main(["train", *TRANSLATE_FLAGS, "--eval-split", "val", "--out", str(tmp_path / "bad")])
+    one_line_error(capsys, code, "--eval-split val: the synthetic language pair's splits are train and test")
+    assert not (tmp_path / "bad").exists()
+    from vitscope.translate.language import make_pair
+
+    pair = make_pair(0, train_size=64, test_size=8, max_words=8)
+    for split, examples in (("train", pair.train), ("test", pair.test)):
+        out = tmp_path / split
+        assert main(["train", *TRANSLATE_FLAGS, "--eval-split", split, "--out", str(out)]) == 0
+        shown = [e["source"] for e in json.loads((out / "summary.json").read_text())["examples"]]
+        assert shown == [" ".join(e.source) for e in examples[: len(shown)]] and len(shown) == min(8, len(examples))
 
 
 # -- sentences outside the source language's grammar ----------------------------------------------------------

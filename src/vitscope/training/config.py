@@ -45,7 +45,8 @@ class TrainConfig:
         "help": "--task classify / caption: the model, its starting weights and the images", "flags": "inline"})
     dataset: str = field(default="fashion_mnist", metadata={
         "help": "fashion_mnist, mnist, cifar10, pets, folder (an image folder: --data-dir) or digits"})
-    eval_split: str = field(default="test", metadata={"help": "the split evaluated after each epoch"})
+    eval_split: str = field(default="test", metadata={
+        "help": "the split evaluated after each epoch (--task translate: test or train)"})
     epochs: int = field(default=10, metadata={"help": "passes over the training split"})
     batch_size: int = field(default=256, metadata={"help": "images a step, over all processes together"})
     eval_batch_size: int = field(default=1000, metadata={"help": "images a forward when evaluating"})

@@ -160,10 +160,9 @@ def check_channels(cfg: TrainConfig, dataset_channels: dict[str, tuple[int, ...]
                       f"channel{'s' if can != (1,) else ''} only: {fix}")
 
 
-# Per task, the top-level settings it reads none of: one set away from its default is refused before any work, not
-# ignored in silence. So are another task's options (cfg.caption, cfg.translate) and, for a translation, the
-# image options (cfg.image).
-UNUSED = {"translate": ("eval_split",)}
+# A setting a task reads none of is refused before any work, not ignored in silence: another task's options
+# (cfg.caption, cfg.translate) and, for a translation, the image options (cfg.image). Every task reads each of
+# TrainConfig's own fields.
 _FLAGS = {"model_args": "--set", "decoder_args": "--decoder-set"}
 
 
@@ -191,13 +190,12 @@ def _flags(names: list[str], values, defaults: dict) -> list[str]:
 
 
 def check_unused(cfg: TrainConfig) -> None:
-    """Refuse a setting `cfg.task` would not read (`UNUSED`, another task's options, a translation's image
-    options), naming its flag."""
+    """Refuse a setting `cfg.task` would not read (another task's options, a translation's image options), naming
+    its flag."""
     def set_in(options) -> list[str]:
         return _flags([f.name for f in dataclasses.fields(options)], options, _defaults(type(options)))
 
     flags = set_in(cfg.image) if cfg.task not in IMAGE_TASKS and cfg.image is not None else []
-    flags += _flags(list(UNUSED.get(cfg.task, ())), cfg, _defaults(type(cfg)))
     for key in TASK_OPTIONS:
         options = getattr(cfg, key)
         if key != cfg.task and options is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from vitscope.errors import ConfigError
 from vitscope.sequence.evaluation import evaluating
 from vitscope.sequence.loss import trim_padding
 from vitscope.training.config import TrainConfig
@@ -37,6 +38,7 @@ from vitscope.translate.run import pick_sentence, translation_metadata, write_tr
 
 EXACT_MATCH = Metric("exact match", "test_exact_match")
 ROW_METRICS = ("token_accuracy", "bleu4", "alignment", "alignment_best_head")
+SPLITS = ("train", "test")  # what make_pair draws
 
 
 @dataclass
@@ -52,6 +54,9 @@ class TranslateTask:
     @classmethod
     def build(cls, cfg: TrainConfig, *, resume: bool) -> TranslateTask:
         opts = cfg.translate
+        if cfg.eval_split not in SPLITS:
+            raise ConfigError(f"--eval-split {cfg.eval_split}: the synthetic language pair's splits are "
+                              f"{' and '.join(SPLITS)}")
         pair = make_pair(cfg.seed, train_size=opts.train_sentences, test_size=opts.test_sentences,
                          max_words=opts.max_words)
         data = ParallelData.build(pair)
@@ -63,6 +68,12 @@ class TranslateTask:
     @property
     def label(self) -> str:
         return describe(self.model)
+
+    @property
+    def eval_data(self):
+        """The split each evaluation translates (`--eval-split`: the test sentences, or the training ones to see
+        how well the model fits what it trains on)."""
+        return getattr(self.data, self.cfg.eval_split)
 
     @property
     def train_module(self) -> nn.Module:
@@ -84,8 +95,8 @@ class TranslateTask:
                                         len(src))
 
     def evaluate(self, model, *, device, bf16, info, final=False) -> Evaluation:
-        """Every rank translates the whole test split (it is small)."""
-        result = evaluate_translations(model, self.data.test, self.data.tgt_vocab, beam=self.cfg.translate.eval_beam,
+        """Every rank translates the whole evaluated split (it is small)."""
+        result = evaluate_translations(model, self.eval_data, self.data.tgt_vocab, beam=self.cfg.translate.eval_beam,
                                        batch_size=min(self.cfg.eval_batch_size, 500), device=device, bf16=bf16)
         m = result.metrics
         row = {f"test_{k}": m[k] for k in ROW_METRICS if m.get(k) is not None}
@@ -124,7 +135,7 @@ class TranslateTask:
         cfg, name = self.cfg, describe(model)
         plot_curves(read_metrics(run_dir / "metrics.jsonl"), run_dir / "curves.png", self.metric,
                     title=f"{name} on the synthetic language pair")
-        examples = self.data.test.examples
+        examples = self.eval_data.examples
         write_summary(run_dir, {
             "task": "translate", "translator": cfg.translate.translator,
             "decoder_args": dict(cfg.translate.decoder_args),
