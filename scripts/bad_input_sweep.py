@@ -758,7 +758,6 @@ def issue64_cases() -> list[Case]:
                        ("translate --aug-flip false", [*TRANSLATE, "--aug-flip", "false"]),
                        ("translate --model vit_tiny_patch4_28", [*TRANSLATE, "--model", "vit_tiny_patch4_28"]),
                        ("translate --pretrained true", [*TRANSLATE, "--pretrained", "true"]),
-                       ("translate --eval-split train", [*TRANSLATE, "--eval-split", "train"]),
                        ("translate --max-len 12", [*TRANSLATE, "--max-len", "12"]),
                        ("classify --eval-beam 3", [*TINY, "--eval-beam", "3"]),
                        ("classify --max-len 12", [*TINY, "--max-len", "12"]),
@@ -768,6 +767,9 @@ def issue64_cases() -> list[Case]:
                                                   "--max-words", "9"])):
         cases.append(Case("impossible-setting", what, ["train", *args, *out], fresh_out=True,
                           stderr_has="would be ignored"))
+    cases.append(Case("impossible-setting", "translate --eval-split val", ["train", *TRANSLATE, "--eval-split", "val",
+                                                                       *out], fresh_out=True,
+                      stderr_has="the synthetic language pair's splits are train and test"))
     for what, args in (("eval a captioner --flip", ["eval", "{CAP}", "--flip"]),
                        ("eval a captioner --shift 2", ["eval", "{CAP}", "--shift", "2"]),
                        ("eval a translator --max-len 5", ["eval", "{TR}", "--max-len", "5"]),
