@@ -66,13 +66,13 @@ def test_train_writes_a_caption_run(run_dir):
         assert (run_dir / name).is_file(), name
     assert json.loads((run_dir / "config.json").read_text())["task"] == "caption"
     # captions.html carries the run's probes under "Over training": one slider entry per kept step, each the
-    # probed scenes' last-layer cross-attention over the patches (heads averaged), as probes.safetensors holds it
+    # probed scenes' cross-attention over the patches at every layer and head, as probes.safetensors holds it
     probes = read_probes(run_dir)
     over = page_data((run_dir / "captions.html").read_text())["probes"]
     assert over["kind"] == "caption" and over["steps"] == probes.steps and len(probes.steps) >= 2
     for s, frame in zip(probes.steps, over["frames"]):
         att = probes.attention(s)  # (K, T, L, H, N)
-        want = att[:, :, -1].mean(2)[..., probes.num_prefix_tokens:] if att.ndim == 5 else att
+        want = att[..., probes.num_prefix_tokens:] if att.ndim == 5 else att
         torch.testing.assert_close(unhalf(frame), want, atol=1e-3, rtol=1e-3)
 
 

@@ -71,14 +71,15 @@ def test_missing_or_damaged_probes_are_one_clear_error(tmp_path):
 
 
 def test_the_explorer_has_a_slider_over_the_steps_holding_the_probes(run):
-    """explorer.html's "Over training": one slider entry per kept step, each step's class-token maps (the last
-    layer, heads averaged) and each head's mean distance as probes.safetensors holds them."""
+    """explorer.html's "Over training": one slider entry per kept step, each step's class-token maps at every
+    layer and head and each head's mean distance as probes.safetensors holds them."""
     p = read_probes(run)
     page = (run / "explorer.html").read_text()
     assert 'id="over-training"' in page and 'id="probe-step"' in page
     over = page_data(page)["probes"]
     assert over["kind"] == "classify" and over["steps"] == p.steps == [0, 22, 44]
     assert len(over["frames"]) == len(over["distances"]) == len(p.steps)
+    assert (over["layers"], over["heads"]) == (TINY["depth"], TINY["num_heads"])
     for s, frame, dist in zip(p.steps, over["frames"], over["distances"]):
-        torch.testing.assert_close(unhalf(frame), p.attention(s)[:, -1].mean(1), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(unhalf(frame), p.attention(s), atol=1e-3, rtol=1e-3)  # (K, L, H, P)
         torch.testing.assert_close(unhalf(dist), p.distance(s), atol=1e-2, rtol=1e-3)

@@ -96,7 +96,8 @@ def explore(model: nn.Module, images: Tensor, *, labels: Sequence[int] | Tensor 
     `images` are float tensors as the model takes them, or uint8 with the training `mean`/`std`
     (drawn then as they are). `stats` and `importance` fill the head table (computed when absent:
     stats always, importance only if given). With a run's `probes` (`read_probes(run_dir)`) the page adds
-    "Over training": a slider over the steps the run kept, each step's class-token maps and head distances.
+    "Over training": a slider over the steps the run kept, each step's class-token maps (any layer and head) and
+    head distances.
     """
     data = explorer_data(model, images, labels=labels, class_names=class_names, stats=stats,
                          importance=importance, image_names=image_names, mean=mean, std=std,
