@@ -13,12 +13,15 @@ The child builds `vit_tiny_patch4_28` with MLP ratio 4 (28×28×1, patch 4, widt
 MLP 512) with vitscope's kernels swapped in where the commit has `vitscope.kernels.apply` (older commits ran
 them from the model files themselves), and times a training step (forward, cross-entropy, backward, fused
 AdamW step) and an inference forward, at batch 256, in float32 and, where the CPU multiplies bfloat16
-natively (AVX512-BF16 or AMX), under bfloat16 autocast.
+natively (AVX512-BF16 or AMX), under bfloat16 autocast. The modes `greedy` and `beam5` time caption decoding
+instead: bench_caption.py's caption_quick-shaped captioner (vitscope's, kernels swapped in), a batch of 32
+encoded scenes decoded for 20 words, greedy or with beam 5 (rates in captions/s).
 
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD                  # ~6 min on 2 cores
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD --rounds 5 --dtypes bfloat16
     .venv/bin/python benchmarks/before_after.py main WORKTREE                 # WORKTREE: the files as they are now
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD --threads 1      # on a crowded machine: CPU time
+    .venv/bin/python benchmarks/before_after.py 3615971 HEAD --modes greedy beam5 --batch 32 --threads 1
 
 A commit is anything `git rev-parse` takes; `WORKTREE` is this checkout's `src/` as it is on disk.
 """
@@ -58,22 +61,37 @@ for name in ("vitscope.kernels.allocator", "vitscope.allocator"):  # keep freed 
 from vitscope.models import create_model
 
 torch.manual_seed(0)
-model = create_model(spec["preset"], **spec["overrides"])
-try:
-    from vitscope.kernels import apply
-except ImportError:  # the kernels ran from the model files themselves
-    apply = None
-if apply is not None:
-    model = apply(model)
 train, bf16 = spec["mode"] == "train", spec["dtype"] == "bfloat16"
-x = torch.randn(spec["batch"], 1, 28, 28)
-y = torch.randint(0, 10, (spec["batch"],))
-model.train(train)
+decoding = spec["mode"] in ("greedy", "beam5")
+if decoding:  # the captioner of bench_caption.py, built by this commit's vitscope (kernels applied there)
+    sys.path.insert(0, spec["benchmarks"])
+    from bench_caption import build_impl, quick_shape
+    from vitscope.sequence.decoding import decode
+
+    shape = quick_shape()
+    model = build_impl("vitscope", shape).eval()
+    images = torch.randn(spec["batch"], shape["in_chans"], shape["img"], shape["img"])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        memory = model.encode(images)
+else:
+    model = create_model(spec["preset"], **spec["overrides"])
+    try:
+        from vitscope.kernels import apply
+    except ImportError:  # the kernels ran from the model files themselves
+        apply = None
+    if apply is not None:
+        model = apply(model)
+    x = torch.randn(spec["batch"], 1, 28, 28)
+    y = torch.randint(0, 10, (spec["batch"],))
+    model.train(train)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True) if train else None
 
 
 def step():
-    if train:
+    if decoding:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            decode(model, memory=memory, beam=5 if spec["mode"] == "beam5" else 1, max_len=21)
+    elif train:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -148,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=None,
                         help="default: float32, and bfloat16 where the CPU has AVX512-BF16 or AMX")
-    parser.add_argument("--modes", nargs="+", choices=("train", "infer"), default=["train", "infer"])
+    parser.add_argument("--modes", nargs="+", choices=("train", "infer", "greedy", "beam5"), default=["train", "infer"],
+                        help="train, infer (the ViT above); greedy, beam5 (caption decoding, --batch 32 as measured)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per child (median taken)")
     parser.add_argument("--warmup", type=int, default=3)
@@ -172,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
                     for side in order:
                         spec = {"preset": PRESET, "overrides": OVERRIDES, "dtype": dtype, "mode": mode,
                                 "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-                                "threads": args.threads}
+                                "threads": args.threads, "benchmarks": str(REPO / "benchmarks")}
                         out = measure(sides[side], spec)
                         rate = args.batch / statistics.median(out["times_s"])
                         rates.setdefault((dtype, mode, side), []).append(rate)
