@@ -189,10 +189,15 @@ TASK_OPTIONS = {"caption": CaptionOptions, "translate": TranslateOptions}
 IMAGE_TASKS = ("classify", "caption")
 
 
+def field_defaults(cls) -> dict:
+    """`cls`'s fields and their default values."""
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)}
+
+
 def _defaults(cls) -> dict:
     """`cls`'s field defaults as a config.json holds them (a TrainTransform as a dict, tuples as lists)."""
-    return json.loads(json.dumps({f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                                  for f in dataclasses.fields(cls)}, default=dataclasses.asdict))
+    return json.loads(json.dumps(field_defaults(cls), default=dataclasses.asdict))
 
 
 def nest_task_options(d: dict) -> dict:

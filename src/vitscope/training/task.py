@@ -31,7 +31,7 @@ from vitscope.io import atomic_write
 from vitscope.kernels import allocator
 from vitscope.training import distributed
 from vitscope.training.config import TrainConfig
-from vitscope.training.options import IMAGE_TASKS, TASK_OPTIONS
+from vitscope.training.options import IMAGE_TASKS, TASK_OPTIONS, field_defaults
 
 
 @dataclass(frozen=True)
@@ -166,11 +166,6 @@ def check_channels(cfg: TrainConfig, dataset_channels: dict[str, tuple[int, ...]
 _FLAGS = {"model_args": "--set", "decoder_args": "--decoder-set"}
 
 
-def _defaults(cls) -> dict:
-    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(cls)}
-
-
 def _flags(names: list[str], values, defaults: dict) -> list[str]:
     """The flags that set each of `names` in `values` away from its default."""
     flags = []
@@ -193,7 +188,7 @@ def check_unused(cfg: TrainConfig) -> None:
     """Refuse a setting `cfg.task` would not read (another task's options, a translation's image options), naming
     its flag."""
     def set_in(options) -> list[str]:
-        return _flags([f.name for f in dataclasses.fields(options)], options, _defaults(type(options)))
+        return _flags([f.name for f in dataclasses.fields(options)], options, field_defaults(type(options)))
 
     flags = set_in(cfg.image) if cfg.task not in IMAGE_TASKS and cfg.image is not None else []
     for key in TASK_OPTIONS:
