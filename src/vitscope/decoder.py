@@ -11,8 +11,9 @@ read as G·T queries of their image's one context row: (B·G, T, D) -> (B, G·T,
 keys and values and their cache stay at one row per image, never copied per hypothesis.
 
 `TransformerDecoder._step` is that block once more for the one call decoding repeats, one new token per row
-after the caches are filled, in the few ops it needs; its linear layers, cross-attention and MLP are seams
-(`step_linears`, `step_cross_attention`, `step_mlp`) that vitscope.kernels' decoder overrides.
+after the caches are filled, in the few ops it needs; its linear layers, self- and cross-attention and MLP are
+seams (`step_linears`, `step_self_attention`, `step_cross_attention`, `step_mlp`) that vitscope.kernels' decoder
+overrides.
 """
 
 from __future__ import annotations
@@ -231,8 +232,7 @@ class TransformerDecoder(nn.Module):
             qkv = linear(block.norm1(x), sa.qkv).view(r, 1, 3, sa.num_heads, sa.head_dim)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (R, H, 1, Dh) each
             k, v = self_cache.append(k, v)  # (R, H, past + 1, Dh)
-            out = attend(q, k, v, scale=sa.scale)  # (R, H, 1, Dh)
-            x = x + linear(out.transpose(1, 2).reshape(r, 1, -1), sa.proj)
+            x = x + linear(self.step_self_attention(sa, q, k, v), sa.proj)
             # x + cross_attn(norm2(x), context): an image's G beams ask its one context row together
             q = linear(block.norm2(x).reshape(b, g, -1), ca.q)  # (B, G, H·Dh)
             q = q.view(b, g, ca.num_heads, ca.head_dim).transpose(1, 2)  # (B, H, G, Dh)
@@ -253,6 +253,13 @@ class TransformerDecoder(nn.Module):
         layer's own forward. A seam because one step runs ~6 small layers per block, and the kernels run them all
         through one product chosen once, with bfloat16 weights cast once and kept between steps."""
         return own_forward
+
+    def step_self_attention(self, attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """A step's self-attention: each row's new query q (R, H, 1, Dh) over its cached keys and values and its
+        own, k and v (R, H, past + 1, Dh) -> (R, 1, H·Dh) as `proj` reads it. A seam because the kernels take it
+        in one pass over the cache (in float32)."""
+        out = attend(q, k, v, scale=attn.scale)  # (R, H, 1, Dh)
+        return out.transpose(1, 2).reshape(q.shape[0], 1, -1)
 
     def step_cross_attention(self, i: int, attn: MultiHeadAttention, q: Tensor, cache: KVCache,
                              context_mask: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:

@@ -1,8 +1,8 @@
 """FastTransformerDecoder: a decoding step gives the plain decoder's logits and cross-attention (bit for bit
-where the same ops run, to the kernel's rounding where native/decode_attention.c takes the cross-attention),
-runs only for one-token inference steps that nothing observes, and follows changed weights. The
-decode-attention kernel itself is held to float64: its weights and outputs at least as close as `attend`'s
-in bfloat16.
+where the same ops run, to the kernel's rounding where a decode-attention kernel takes the attention: in
+bfloat16 native/decode_attention.c, in float32 native/decode_attention_f32_avx2.c), runs only for one-token
+inference steps that nothing observes, and follows changed weights. The decode-attention kernels themselves
+are held to float64: their weights and outputs as close as `attend`'s in the same dtype.
 
 `make test` runs this folder again under each smaller instruction set the CPU has (VITSCOPE_ISA): there the
 kernel does not run and the steps go through `attend`."""
@@ -17,12 +17,15 @@ import torch
 from vitscope import kernels
 from vitscope.attention import attend
 from vitscope.decoder import TransformerDecoder
-from vitscope.kernels import decode_attention, registry
+from vitscope.kernels import decode_attention, fused_linear, registry
 from vitscope.kernels.fast_decoder import FastTransformerDecoder
 
 BF = torch.bfloat16
 KERNEL = registry.runs("decode attention", BF) is not None
 NO_KERNEL = f"the decode-attention kernel does not run here: {registry.why_none('decode attention', BF)}"
+F32_KERNEL = registry.runs("decode attention", torch.float32) is not None
+NO_F32_KERNEL = ("the float32 decode-attention kernel does not run here: "
+                 f"{registry.why_none('decode attention', torch.float32)}")
 
 
 def _pair(context_dim: int = 24, mlp_ratio: float = 4.0) -> tuple[TransformerDecoder, TransformerDecoder]:
@@ -72,8 +75,15 @@ def test_decoding_steps_give_the_plain_decoders_numbers(dtype, groups, padded, m
     # against PyTorch's modules alone: as every fast module is held (test_fast_modules.py)
     tolerance = {torch.float32: (2e-5, 1e-4), BF: (3e-2, 5e-2)}[dtype]
     torch.testing.assert_close(ours, unswapped, atol=tolerance[0], rtol=tolerance[1])
-    if not (dtype == BF and KERNEL):  # the same ops on the same tensors: the same bits
+    # float32 steps take F.linear, the modules the kernels' products on AMD CPUs (fused_linear.float32_available)
+    kernels_differ = KERNEL if dtype == BF else F32_KERNEL or fused_linear.float32_available()
+    if not kernels_differ:  # the same ops on the same tensors: the same bits
         torch.testing.assert_close(ours, stepwise, atol=0, rtol=0)
+        return
+    if padded:
+        assert ours[1][:groups, :, :, :, context.shape[1] // 2:].abs().max() == 0  # padded tokens get nothing
+    if dtype == torch.float32:  # exp and sums in another order than the modules': float32 rounding
+        torch.testing.assert_close(ours, stepwise, atol=1e-6, rtol=1e-5)
         return
     if registry.runs("linear product", BF) is not None:  # each layer packed for the product kernel where it takes it
         packed = {m: entry[2] is not None for m, entry in fast._cast[1].items()}
@@ -81,8 +91,6 @@ def test_decoding_steps_give_the_plain_decoders_numbers(dtype, groups, padded, m
     # the kernel keeps the scores in float32 where attend rounds them to bfloat16: weights within that rounding
     torch.testing.assert_close(ours[1], stepwise[1], atol=4e-3, rtol=2e-2)
     torch.testing.assert_close(ours[0], stepwise[0], atol=3e-2, rtol=5e-2)
-    if padded:
-        assert ours[1][:groups, :, :, :, context.shape[1] // 2:].abs().max() == 0  # padded tokens get nothing
 
 
 def test_the_fast_step_runs_for_one_token_inference_steps_only(monkeypatch):
@@ -164,19 +172,54 @@ def test_the_decode_attention_kernel_is_as_close_to_float64_as_attend(shape, mas
     assert no_w is None
 
 
-def test_the_decode_attention_kernel_refuses_what_it_cannot_take():
-    q, k = torch.randn(2, 2, 1, 32).to(BF), torch.randn(2, 2, 9, 32).to(BF)
-    assert not decode_attention.usable(q.float(), k.float(), k.float())  # float32
-    assert not decode_attention.usable(q[..., :24], k[..., :24], k[..., :24])  # head dim not a multiple of 16
-    assert not decode_attention.usable(q, k, k, torch.ones(2, 9, dtype=torch.bool))  # not an attend key mask
-    assert not decode_attention.usable(torch.randn(2, 2, 32, 2).to(BF).transpose(-1, -2), k, k)  # strided dims
-    if not KERNEL:
-        assert not decode_attention.usable(q, k, k)
+@pytest.mark.skipif(not F32_KERNEL, reason=NO_F32_KERNEL)
+@pytest.mark.parametrize("shape", [(32, 4, 1, 196, 32), (3, 2, 5, 37, 16), (2, 3, 4, 20, 64), (2, 2, 1, 16, 128),
+                                   (4, 1, 3, 1, 32), (5, 2, 1, 9, 8)], ids=lambda s: "B{} H{} G{} N{} D{}".format(*s))
+@pytest.mark.parametrize("masked", [False, True], ids=["", "masked"])
+def test_the_float32_decode_attention_kernel_is_as_close_to_float64_as_attend(shape, masked):
+    b, h, g, n, d = shape
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(b, h, g, d, generator=gen)
+    # keys and values read in place: every head's rows inside a longer cache, as a step's self-attention reads them
+    k, v = (torch.randn(b, h, n + 3, d, generator=gen)[:, :, 1:n + 1] for _ in range(2))
+    keep = None
+    if masked:
+        keep = torch.rand(b, 1, 1, n, generator=gen) > 0.3
+        keep[0] = False  # an image whose every token is padding: zero weights, zero output
+    assert decode_attention.usable(q, k, v, keep)
+    out, w = decode_attention.attend_f32(q, k, v, d ** -0.5, keep)
+    ref_out, ref_w = attend(q.double(), k.double(), v.double(), mask=keep, scale=d ** -0.5, return_weights=True)
+    f32_out, f32_w = attend(q, k, v, mask=keep, scale=d ** -0.5, return_weights=True)
+    out = out.view(b, g, h, d).transpose(1, 2).double()
+    # float32 rounding, as attend's: at most three times its error, or a few units in the last place of the largest
+    assert (w.double() - ref_w).abs().max() <= max(3 * (f32_w.double() - ref_w).abs().max(), 4 * 2 ** -24)
+    assert (out - ref_out).abs().max() <= max(3 * (f32_out.double() - ref_out).abs().max(),
+                                              4 * 2 ** -24 * ref_out.abs().max())
+    if masked:
+        assert w[0].abs().max() == 0 and out[0].abs().max() == 0
+    out_only, no_w = decode_attention.attend_f32(q, k, v, d ** -0.5, keep, weights=False)
+    assert no_w is None and torch.equal(out_only.view(b, g, h, d).transpose(1, 2).double(), out)
+
+
+def test_the_decode_attention_kernels_refuse_what_they_cannot_take():
+    for dtype, multiple, kernel in ((BF, 16, KERNEL), (torch.float32, 8, F32_KERNEL)):
+        q, k = torch.randn(2, 2, 1, 32).to(dtype), torch.randn(2, 2, 9, 32).to(dtype)
+        assert decode_attention.usable(q, k, k) == kernel
+        assert not decode_attention.usable(q.double(), k.double(), k.double())  # float64
+        odd = 32 - multiple // 2  # head dim not a multiple of the kernel's
+        assert not decode_attention.usable(q[..., :odd], k[..., :odd], k[..., :odd])
+        assert not decode_attention.usable(q, k, k, torch.ones(2, 9, dtype=torch.bool))  # not an attend key mask
+        strided = torch.randn(2, 2, 32, 2).to(dtype).transpose(-1, -2)  # head dims not contiguous
+        assert not decode_attention.usable(strided, k, k)
+        with torch.enable_grad():
+            assert not decode_attention.usable(q.requires_grad_(), k, k)
+    strided_keys = torch.randn(2, 2, 32, 9).transpose(-1, -2)  # float32 reads k and v in place: unit-stride dims
+    assert not decode_attention.usable(torch.randn(2, 2, 1, 32), strided_keys, strided_keys)
 
 
 def test_the_fast_decoder_overrides_the_plain_steps_seams_not_the_step():
     """The one-token step is written once, in vitscope/decoder.py; the kernels' decoder chooses when it runs
-    (`forward`) and how its linear layers, cross-attention and MLP run, never its block loop."""
+    (`forward`) and how its linear layers, self- and cross-attention and MLP run, never its block loop."""
     overridden = {name for name, value in vars(FastTransformerDecoder).items()
                   if callable(value) and name in dir(TransformerDecoder) and not name.startswith("__")}
-    assert overridden == {"forward", "step_linears", "step_cross_attention", "step_mlp"}
+    assert overridden == {"forward", "step_linears", "step_self_attention", "step_cross_attention", "step_mlp"}

@@ -5,16 +5,22 @@ hold. A step at caption_quick's shape (32 rows, width 128, 2 blocks) is a few MF
 surrounds the arithmetic: the plain decoder's forward goes through each attention module's projection,
 rearranges, mask handling and checks, and under bfloat16 autocast casts every linear layer's weights to bfloat16
 again at every call; and PyTorch's bfloat16 products of one query row, which the cross-attention asks twice per
-block, run at a few GFLOP/s. `FastTransformerDecoder.forward` sends such a step to the plain decoder's
-`TransformerDecoder._step` (vitscope/decoder.py: the block in the few ops a step needs, the plain forward's
-numbers bit for bit) and overrides its three seams:
+block, run at a few GFLOP/s; in float32 each attention is a dozen small ops. `FastTransformerDecoder.forward`
+sends such a step to the plain decoder's `TransformerDecoder._step` (vitscope/decoder.py: the block in the few
+ops a step needs, the plain forward's numbers bit for bit) and overrides its four seams:
 
-- `step_linears`: every linear layer through the one product `Linear.forward` would choose (the same kernels,
-  so the same numbers), chosen once per step; in bfloat16 the weights are cast once and kept on the module,
-  recast when a weight changes (its version or storage): half the size of the decoder's linear layers;
-- `step_cross_attention`: in bfloat16, where vitscope's decode-attention kernel runs (decode_attention.py), the
-  cross-attention from keys and values packed once per decoding: its weights keep float32 scores, so they are
-  closer to the float64 ones than `attend`'s;
+- `step_linears`: every linear layer through one product chosen once per step. In bfloat16 it is the one
+  `Linear.forward` would choose (the same kernels, so the same numbers), with the weights cast once and kept on
+  the module, recast when a weight changes (its version or storage): half the size of the decoder's linear
+  layers. In float32 it is PyTorch's `F.linear`: at a step's 32-160 rows the kernels' float32 products, which
+  pack the weight (vitscope's AVX2 product) or set up oneDNN's call at every call, took 1.4-4.4x as long on a
+  Zen 3 (docs/performance.md); its numbers are the plain forward's to float32 rounding where that forward
+  takes those products (AMD CPUs), bit for bit elsewhere;
+- `step_self_attention`: in float32, vitscope's decode-attention kernel (decode_attention.py) over the
+  self-attention's cache as it is: one pass instead of PyTorch's dozen ops;
+- `step_cross_attention`: in bfloat16 the decode-attention kernel over keys and values packed once per
+  decoding: its weights keep float32 scores, so they are closer to the float64 ones than `attend`'s; in
+  float32 the float32 kernel over the cache as it is. Both give `attend`'s numbers to their dtype's rounding;
 - `step_mlp`: the MLP's two layers through those products, in bfloat16 with fc1's GELU inside its product as
   FastMlp runs it.
 
@@ -115,20 +121,18 @@ class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
 
     def _products(self, x: Tensor) -> tuple[Callable[..., Tensor], dict[nn.Module, tuple]] | None:
         """How this step's linear layers run: (the function, each layer's (weight, bias) for it), chosen once from
-        the first layer as `Linear.forward` chooses for each (they all see the same dtypes and flags); None where
-        the layers are not vitscope's (then each runs its own forward). On the bfloat16 path the weights are
-        cast once and kept while they stay the same."""
+        the first layer (they all see the same dtypes and flags); None where the layers are not vitscope's (then
+        each runs its own forward). In bfloat16 the product `Linear.forward` would choose, the weights cast once
+        and kept while they stay the same; in float32 `F.linear`, faster than the kernels' products at a step's
+        few rows (the module docstring)."""
         first = self._linears[0]
         if not self._kernel_linears:
             return None
         if fused_linear.fusable(x, first.weight, first.bias):
             return self._bfloat16_products(x)
-        own = {m: (m.weight, m.bias) for m in self._linears}
-        if fused_linear.float32_fusable(x, first.weight, first.bias):
-            return fused_linear.product, own  # linear_float32's product: no autograd records a step
         if fused_linear.compiled_float32(x, first.weight, first.bias):
             return None
-        return F.linear, own
+        return F.linear, {m: (m.weight, m.bias) for m in self._linears}
 
     def _bfloat16_products(self, x: Tensor) -> tuple[Callable[..., Tensor], dict[nn.Module, tuple]]:
         """The bfloat16 path's: each layer's weight and bias cast once, kept while they stay the same, and where
@@ -147,11 +151,9 @@ class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
             self._cast = (key, weights)
         return _bfloat16_linear, self._cast[1]
 
-    def _packed(self, i: int, cache, q: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor] | None:
-        """Block i's cross-attention keys and values in the decode-attention kernel's layout, packed once per
-        decoding (the cache they come from is new for each), or None where the kernel does not run."""
-        if not decode_attention.usable(q, cache.k, cache.v, keep):
-            return None
+    def _packed(self, i: int, cache, q: Tensor) -> tuple[Tensor, Tensor]:
+        """Block i's cross-attention keys and values in the bfloat16 decode-attention kernel's layout, packed once
+        per decoding (the cache they come from is new for each)."""
         entry = self._packs[i]
         # weak references: a finished decoding's keys and values are not kept alive by the packed copies. The
         # cache's tensors are written once, when it is filled, and never in place after.
@@ -167,14 +169,23 @@ class FastTransformerDecoder(DecidesOnSwap, TransformerDecoder):
         products = self._products(x)
         return super().step_linears(x) if products is None else _Products(*products)
 
+    def step_self_attention(self, attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """In float32, vitscope's decode-attention kernel over the self-attention's cache as it is (it grows by a
+        token a step, so nothing is packed); else the plain step's `attend`."""
+        if q.dtype != torch.float32 or not decode_attention.usable(q, k, v):
+            return super().step_self_attention(attn, q, k, v)
+        return decode_attention.attend_f32(q, k, v, attn.scale, weights=False)[0]  # (R, 1, H·Dh)
+
     def step_cross_attention(self, i: int, attn: MultiHeadAttention, q: Tensor, cache: KVCache,
                              context_mask: Tensor | None, return_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """vitscope's decode-attention kernel over block i's keys and values packed once per decoding, where it
-        runs (bfloat16); else the plain step's `attend`."""
-        packed = self._packed(i, cache, q, context_mask)
-        if packed is None:
+        """vitscope's decode-attention kernels where they run: in bfloat16 over block i's keys and values packed
+        once per decoding, in float32 over the cache as it is; else the plain step's `attend`."""
+        if not decode_attention.usable(q, cache.k, cache.v, context_mask):
             return super().step_cross_attention(i, attn, q, cache, context_mask, return_weights)
-        return decode_attention.attend(q, packed, cache.k.shape[2], attn.scale, context_mask, return_weights)
+        if q.dtype == torch.float32:
+            return decode_attention.attend_f32(q, cache.k, cache.v, attn.scale, context_mask, return_weights)
+        return decode_attention.attend(q, self._packed(i, cache, q), cache.k.shape[2], attn.scale, context_mask,
+                                       return_weights)
 
     def step_mlp(self, mlp: Mlp, x: Tensor, linear: StepLinear) -> Tensor:
         """fc2(act(fc1(x))) through the step's products (dropout is off in inference), on FastMlp's bfloat16

@@ -67,6 +67,8 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("attention", "avx512_bf16", ("bfloat16",), "softmax(q kᵀ) v, pair dot products", "short_attention"),
     Kernel("decode attention", "avx512_bf16", ("bfloat16",), "a decoding step's cross-attention, weights out",
            "decode_attention"),
+    Kernel("decode attention", "avx2", ("float32",), "a decoding step's self- and cross-attention, weights out",
+           "decode_attention"),
     Kernel("linear", None, ("bfloat16",), "nn.Linear: the bias (and in inference GELU) inside oneDNN's matmul",
            "fused_linear"),
     Kernel("linear", "avx2", ("float32",), "nn.Linear's three products on AMD CPUs without AVX-512",

@@ -54,7 +54,8 @@ ISAS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 SOURCES = {"attention_bf16.c": "avx512_bf16", "attention_f32.c": "avx512", "attention_f32_avx2.c": "avx2",
            "batch_norm.c": "avx512_bf16", "batch_norm_f32_avx2.c": "avx2",
            "conv_weight_grad.c": "avx512_bf16",
-           "conv_weight_grad_f32_avx2.c": "avx2", "decode_attention.c": "avx512_bf16", "gelu.c": "avx512_bf16",
+           "conv_weight_grad_f32_avx2.c": "avx2", "decode_attention.c": "avx512_bf16",
+           "decode_attention_f32_avx2.c": "avx2", "gelu.c": "avx512_bf16",
            "gelu_f32_avx2.c": "avx2", "layer_norm.c": "avx512_bf16", "linear.c": "avx512_bf16",
            "linear_f32_avx2.c": "avx2",
            "residual.c": "avx512_bf16", "short_attention.c": "amx", "weight_grad.c": "avx512_bf16"}
@@ -252,6 +253,9 @@ def _load() -> ctypes.CDLL | None:
     lib.vs_decode_attention_bf16.argtypes = [p, i64, i64, i64, p, p, p, i64, i64, i64, i64, i64, f32, p, p, i64, i64,
                                              p, i32]
     lib.vs_decode_attention_bf16.restype = None
+    lib.vs_decode_attention_f32_avx2.argtypes = [p, i64, i64, i64, p, i64, i64, i64, p, i64, i64, i64, p, i64, i64,
+                                                 i64, i64, i64, f32, p, p, i64, i64, p, i32]
+    lib.vs_decode_attention_f32_avx2.restype = None
     lib.vs_gelu_fwd.argtypes = [p, p, p, i64, i32]
     lib.vs_gelu_fwd.restype = None
     lib.vs_gelu.argtypes = [p, p, i64, i32]
