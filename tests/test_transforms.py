@@ -12,10 +12,9 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 
 from vitscope.data import TrainTransform, eval_transform, mix, normalize
+from vitscope.data.mixing import cutmix, mixup
 from vitscope.data.policy import NUM_BINS, apply_ops, op_names, rand_augment, trivial_augment
 from vitscope.data.transforms import (
-    cutmix,
-    mixup,
     random_crop,
     random_erase,
     random_hflip,

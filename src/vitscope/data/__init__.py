@@ -19,8 +19,9 @@ from vitscope.data.cifar import load_cifar10, verify_cifar10
 from vitscope.data.digits import load_digits
 from vitscope.data.folder import load_folder, load_image, verify_folder
 from vitscope.data.idx import load_idx, read_idx, verify_idx
+from vitscope.data.mixing import cutmix, mix, mixup
 from vitscope.data.pets import load_pets, verify_pets
-from vitscope.data.transforms import TrainTransform, cutmix, eval_transform, mix, mixup, normalize
+from vitscope.data.transforms import TrainTransform, eval_transform, normalize
 
 DEFAULT_DATASET = "fashion_mnist"
 

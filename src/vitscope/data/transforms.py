@@ -3,7 +3,7 @@
 All randomness comes from an explicit `torch.Generator` (never the global RNG), so a resumed run
 that restores the generator's state draws exactly the same augmentations. Every random choice is
 made per image but applied to the whole batch at once: gathers, masks and one warp per batch.
-Crop, flip, erase and mixing are written here, not taken from kornia.augmentation, because they
+Crop, flip, erase and mixing (mixing.py) are written here, not taken from kornia.augmentation, because they
 are a few tensor ops and faster that way on small images (256x1x28x28, one thread, fastest
 decile: pad-2 reflect crop 0.53 ms vs kornia's RandomCrop 2.2 ms; resized crop 3.1 vs 9.1 ms;
 erasing 0.72 vs 1.07 ms; flip the same 0.22 ms) and kornia draws from the global RNG.
@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitscope.data.mixing import mix
 from vitscope.data.policy import rand_augment, trivial_augment
 from vitscope.errors import ConfigError
 
@@ -188,89 +188,6 @@ def random_erase(
     in_cols = (cols >= left.view(b, 1)) & (cols < (left + bw).view(b, 1))  # (B, W)
     mask = in_rows.view(b, 1, h, 1) & in_cols.view(b, 1, 1, w) & (apply & found).view(b, 1, 1, 1)
     return x.masked_fill(mask.to(x.device), value)
-
-
-# -- mixing ----------------------------------------------------------------------------------------
-def _beta(alpha: float, generator: torch.Generator) -> float:
-    # torch's Beta sampler cannot take a generator; seed numpy from ours so resume stays exact.
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    return float(np.random.default_rng(seed).beta(alpha, alpha))
-
-
-def one_hot(y: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
-    off = smoothing / num_classes
-    return torch.full((y.shape[0], num_classes), off, device=y.device).scatter_(
-        1, y.view(-1, 1), 1.0 - smoothing + off
-    )
-
-
-def mixup(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    num_classes: int,
-    generator: torch.Generator,
-    *,
-    alpha: float = 0.8,
-    smoothing: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blend each image with a partner from the same batch by a Beta(alpha, alpha) weight."""
-    lam = _beta(alpha, generator)
-    perm = torch.randperm(x.shape[0], generator=generator).to(x.device)
-    target = one_hot(y, num_classes, smoothing)
-    return lam * x + (1 - lam) * x[perm], lam * target + (1 - lam) * target[perm]
-
-
-def cutmix(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    num_classes: int,
-    generator: torch.Generator,
-    *,
-    alpha: float = 1.0,
-    smoothing: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Paste a box from a partner image; the targets mix by the box's true area (after clipping)."""
-    b, _, h, w = x.shape
-    lam = _beta(alpha, generator)
-    cut = math.sqrt(1.0 - lam)
-    ch, cw = int(h * cut), int(w * cut)
-    cy, cx = (
-        int(v)
-        for v in torch.randint(0, h, (1,), generator=generator).tolist()
-        + torch.randint(0, w, (1,), generator=generator).tolist()
-    )
-    y0, y1 = max(cy - ch // 2, 0), min(cy + ch // 2, h)
-    x0, x1 = max(cx - cw // 2, 0), min(cx + cw // 2, w)
-    perm = torch.randperm(b, generator=generator).to(x.device)
-    out = x.clone()
-    out[:, :, y0:y1, x0:x1] = x[perm, :, y0:y1, x0:x1]
-    lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
-    target = one_hot(y, num_classes, smoothing)
-    return out, lam * target + (1 - lam) * target[perm]
-
-
-def mix(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    num_classes: int,
-    generator: torch.Generator,
-    *,
-    mixup_alpha: float = 0.0,
-    cutmix_alpha: float = 0.0,
-    mix_prob: float = 1.0,
-    switch_prob: float = 0.5,
-    smoothing: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mixup or cutmix on a batch with probability `mix_prob` (one of the two, at `switch_prob`
-    for cutmix, when both alphas are set). Always returns soft targets (B, num_classes) that sum
-    to 1, label-smoothed by `smoothing`, so the loss has one form."""
-    use = float(torch.rand(1, generator=generator)) < mix_prob
-    use_cutmix = float(torch.rand(1, generator=generator)) < switch_prob
-    if use and cutmix_alpha > 0 and (mixup_alpha <= 0 or use_cutmix):
-        return cutmix(x, y, num_classes, generator, alpha=cutmix_alpha, smoothing=smoothing)
-    if use and mixup_alpha > 0:
-        return mixup(x, y, num_classes, generator, alpha=mixup_alpha, smoothing=smoothing)
-    return x, one_hot(y, num_classes, smoothing)
 
 
 # -- the training pipeline -------------------------------------------------------------------------
