@@ -15,13 +15,16 @@ them from the model files themselves), and times a training step (forward, cross
 AdamW step) and an inference forward, at batch 256, in float32 and, where the CPU multiplies bfloat16
 natively (AVX512-BF16 or AMX), under bfloat16 autocast. The modes `greedy` and `beam5` time caption decoding
 instead: bench_caption.py's caption_quick-shaped captioner (vitscope's, kernels swapped in), a batch of 32
-encoded scenes decoded for 20 words, greedy or with beam 5 (rates in captions/s).
+encoded scenes decoded for 20 words, greedy or with beam 5 (rates in captions/s); `caption_train` times that
+captioner's teacher-forced training step on 32-word captions as bench_caption.py's training row does (encoder
+and decoder, AdamW; rates in images/s).
 
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD                  # ~6 min on 2 cores
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD --rounds 5 --dtypes bfloat16
     .venv/bin/python benchmarks/before_after.py main WORKTREE                 # WORKTREE: the files as they are now
     .venv/bin/python benchmarks/before_after.py 6b0efd9 HEAD --threads 1      # on a crowded machine: CPU time
     .venv/bin/python benchmarks/before_after.py 3615971 HEAD --modes greedy beam5 --batch 32 --threads 1
+    .venv/bin/python benchmarks/before_after.py 0e012ee HEAD --modes caption_train --batch 32 --threads 1
 
 A commit is anything `git rev-parse` takes; `WORKTREE` is this checkout's `src/` as it is on disk.
 """
@@ -63,16 +66,19 @@ from vitscope.models import create_model
 torch.manual_seed(0)
 train, bf16 = spec["mode"] == "train", spec["dtype"] == "bfloat16"
 decoding = spec["mode"] in ("greedy", "beam5")
-if decoding:  # the captioner of bench_caption.py, built by this commit's vitscope (kernels applied there)
+captioning = spec["mode"] == "caption_train"
+if decoding or captioning:  # the captioner of bench_caption.py, built by this commit's vitscope (kernels applied)
     sys.path.insert(0, spec["benchmarks"])
-    from bench_caption import build_impl, quick_shape
+    from bench_caption import _train_step, build_impl, quick_shape
     from vitscope.sequence.decoding import decode
 
     shape = quick_shape()
-    model = build_impl("vitscope", shape).eval()
+    model = build_impl("vitscope", shape).train(captioning)
     images = torch.randn(spec["batch"], shape["in_chans"], shape["img"], shape["img"])
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        memory = model.encode(images)
+    tokens = torch.randint(4, shape["vocab"], (spec["batch"], 33))
+    if decoding:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            memory = model.encode(images)
 else:
     model = create_model(spec["preset"], **spec["overrides"])
     try:
@@ -84,11 +90,13 @@ else:
     x = torch.randn(spec["batch"], 1, 28, 28)
     y = torch.randint(0, 10, (spec["batch"],))
     model.train(train)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True) if train else None
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True) if train or captioning else None
 
 
 def step():
-    if decoding:
+    if captioning:
+        _train_step("vitscope", model, opt, images, tokens, bf16)
+    elif decoding:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             decode(model, memory=memory, beam=5 if spec["mode"] == "beam5" else 1, max_len=21)
     elif train:
@@ -166,8 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=None,
                         help="default: float32, and bfloat16 where the CPU has AVX512-BF16 or AMX")
-    parser.add_argument("--modes", nargs="+", choices=("train", "infer", "greedy", "beam5"), default=["train", "infer"],
-                        help="train, infer (the ViT above); greedy, beam5 (caption decoding, --batch 32 as measured)")
+    parser.add_argument("--modes", nargs="+", choices=("train", "infer", "greedy", "beam5", "caption_train"),
+                        default=["train", "infer"], help="train, infer (the ViT above); greedy, beam5 (caption "
+                        "decoding), caption_train (the captioner's training step); --batch 32 as measured")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per child (median taken)")
     parser.add_argument("--warmup", type=int, default=3)

@@ -1,6 +1,6 @@
 """The decoder's one-token step: `FastTransformerDecoder` (vitscope/kernels/fast_decoder.py) against the same
 kernels-applied captioner with that step switched off, so each decoding step runs the plain decoder's modules, and
-with the step on but its cross-attention left to PyTorch (`attend`) instead of vitscope's decode-attention kernel.
+with the step on but its attention left to PyTorch (`attend`) instead of vitscope's decode-attention kernels.
 
 caption_quick's captioner as benchmarks/bench_caption.py builds it (random weights, <eos> unable to end a
 caption), batch 32, greedy and beam 5 decoding of N = 20 tokens from an encoded memory (the encoder is left
@@ -52,7 +52,7 @@ def main(argv=None) -> None:
     print(machine_header({"torch_threads": args.threads}))
     print(f"\ncaption_quick's captioner, batch 32, N = {args.n} tokens from an encoded memory, {args.rounds} rounds; "
           "ms per decoding (median process CPU time):\n")
-    print("| decoding | dtype | fast step | its cross-attention in PyTorch | plain modules | speed-up "
+    print("| decoding | dtype | fast step | its attention in PyTorch | plain modules | speed-up "
           "| tokens that agree |")
     print("|---|---|---:|---:|---:|---:|---:|")
     dtypes = [torch.float32] + ([torch.bfloat16] if bf16_support.native_matmul() else [])

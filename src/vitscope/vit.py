@@ -65,7 +65,9 @@ class PatchEmbed(nn.Module):
         self.check(x)
         if self.stem is not None:
             x = self.stem(x)
-        return rearrange(self.proj(x), "b d h w -> b (h w) d")  # (B, N, D)
+        # contiguous: every residual add keeps its input's memory layout, so a transposed view here would reach each
+        # LayerNorm, which copies it first (forward and backward) where no class token is concatenated on
+        return rearrange(self.proj(x), "b d h w -> b (h w) d").contiguous()  # (B, N, D)
 
 
 class Mlp(nn.Module):

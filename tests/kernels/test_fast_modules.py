@@ -20,7 +20,7 @@ from helpers import assert_grads_close
 from vitscope import kernels
 from vitscope.decoder import TransformerDecoder
 from vitscope.inspect import capture_attention
-from vitscope.kernels import fused_linear, fused_mlp, native
+from vitscope.kernels import fused_linear, fused_mlp, native, short_attention
 from vitscope.kernels.modules import FastAttention, FastBlock, FastMlp, FastViT
 from vitscope.models import create_model
 from vitscope.vit import Block, Mlp, VisionTransformer
@@ -29,6 +29,7 @@ MODELS = {
     "plain 28x28 ViT": ("vit_tiny_patch4_28", {"mlp_ratio": 4.0, "depth": 2}),
     "conv-stem preset": ("vit_fmnist_quick", {}),
     "class token, layer scale": ("vit_tiny_patch4_28", {"depth": 2, "init_values": 0.1}),
+    "average pooling, no stem": ("vit_fmnist_quick", {"stem": []}),  # the caption encoder's tokens
 }
 # bfloat16: both sides round every product's inputs, at different places; float32: sums in another order
 TOLERANCE = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (3e-2, 5e-2)}
@@ -138,6 +139,40 @@ def test_a_decoder_with_masks_caches_and_cross_attention_keeps_its_numbers():
         caches = fast.new_caches()
         steps = [fast(tokens[:, i:i + 1], context, caches=caches) for i in range(tokens.shape[1])]
         torch.testing.assert_close(torch.cat(steps, 1), plain(tokens, context), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded context"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_decoders_cross_attention_trains_through_the_kernels_with_the_plain_numbers(dtype, padded, monkeypatch):
+    """Teacher forcing (a captioner's training step): the cross-attention over an unpadded context runs vitscope's
+    attention kernels from q, k and v; the loss and every gradient are the plain decoder's. A padding mask keeps
+    PyTorch's path."""
+    torch.manual_seed(0)
+    plain = TransformerDecoder(50, 64, 2, 4, 16, context_dim=32)
+    fast = kernels.apply(copy.deepcopy(plain))
+    tokens, context = torch.randint(0, 50, (3, 9)), torch.randn(3, 37, 32)
+    pad = torch.zeros(3, 37, dtype=torch.bool)
+    pad[0, 20:] = True
+    calls = []
+    attend = short_attention.attend
+    monkeypatch.setattr(short_attention, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+
+    def step(model):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = model(tokens[:, :-1], context, context_padding_mask=pad if padded else None)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ours, our_grads = step(fast)
+    theirs, their_grads = step(plain)
+    q, k = torch.randn(3, 4, 8, 16, dtype=dtype, requires_grad=True), torch.randn(3, 4, 37, 16, dtype=dtype)
+    usable = short_attention.usable(q, k, k)  # this CPU's kernels for the dtype, at head dim 16
+    assert len(calls) == (0 if padded or not usable else len(fast.blocks))
+    atol, grad_tol = TOLERANCE[dtype]
+    assert (ours - theirs).abs().item() <= atol * max(theirs.abs().item(), 1.0)
+    assert_grads_close(our_grads, their_grads, grad_tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -57,20 +57,28 @@ class FastMlp(DecidesOnSwap, Mlp):
 
 class FastAttention(DecidesOnSwap, MultiHeadAttention):
     """Self-attention straight from the fused qkv projection into vitscope's attention kernels, which
-    write the heads side by side as `proj` reads them (short_attention.py)."""
+    write the heads side by side as `proj` reads them (short_attention.py); cross-attention without a
+    mask or cache (a captioner's teacher-forced training) through the same kernels from q, k and v."""
 
     def _decide(self) -> None:
-        self._plain = (not self.cross and isinstance(self.q_norm, nn.Identity)
-                       and isinstance(self.k_norm, nn.Identity))
+        unnormed = isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
+        self._plain = not self.cross and unnormed
+        self._plain_cross = self.cross and unnormed
         self._reads_through_linear = self._plain and type(self.qkv) is Linear
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
                 causal: bool = False, cache=None, return_weights: bool = False, queries: int | None = None):
-        if not (x.is_cpu and enabled() and self._plain and context is None and mask is None and not causal
-                and cache is None and not return_weights and self.capture is None and self.head_mask is None
-                and (self.attn_drop == 0.0 or not self.training)):
+        if not (x.is_cpu and enabled() and (self._plain and context is None or self._plain_cross)
+                and mask is None and not causal and cache is None and not return_weights and self.capture is None
+                and self.head_mask is None and (self.attn_drop == 0.0 or not self.training)):
             return super().forward(x, context, mask=mask, causal=causal, cache=cache,
                                    return_weights=return_weights, queries=queries)
+        if self.cross:
+            q, k, v = self._project(x, context, None, queries)  # (B, H, Nq, D), (B, H, Nk, D) twice
+            if not short_attention.usable(q, k, v):
+                return super().forward(x, context, queries=queries)
+            out = short_attention.attend(q, k, v, self.scale)  # a view of (B, Nq, H, D)
+            return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         qkv = self.qkv(x)  # (B, N, 3·H·D)
         if short_attention.usable_qkv(qkv, self.num_heads, queries):
             out = short_attention.attend_qkv(qkv, self.num_heads, self.scale, queries)  # (B, Nq, H·D)
@@ -175,7 +183,7 @@ class FastPatchEmbed(DecidesOnSwap, PatchEmbed):
         if self.stem is not None:
             # (B, C, H, W) with (B, H, W, C) memory, like the weights; the flatten below is then a view
             x = self.stem(x.contiguous(memory_format=torch.channels_last))
-        return rearrange(self.proj(x), "b d h w -> b (h w) d")
+        return rearrange(self.proj(x), "b d h w -> b (h w) d").contiguous()  # as PatchEmbed's: (B, N, D) memory
 
 
 class FastViT(DecidesOnSwap, VisionTransformer):
