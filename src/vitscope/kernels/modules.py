@@ -75,9 +75,10 @@ class FastAttention(DecidesOnSwap, MultiHeadAttention):
                                    return_weights=return_weights, queries=queries)
         if self.cross:
             q, k, v = self._project(x, context, None, queries)  # (B, H, Nq, D), (B, H, Nk, D) twice
-            if not short_attention.usable(q, k, v):
-                return super().forward(x, context, queries=queries)
-            out = short_attention.attend(q, k, v, self.scale)  # a view of (B, Nq, H, D)
+            if short_attention.usable(q, k, v):
+                out = short_attention.attend(q, k, v, self.scale)  # a view of (B, Nq, H, D)
+            else:
+                out = attend(q, k, v, scale=self.scale)
             return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
         qkv = self.qkv(x)  # (B, N, 3·H·D)
         if short_attention.usable_qkv(qkv, self.num_heads, queries):
