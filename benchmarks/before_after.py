@@ -75,8 +75,9 @@ if decoding or captioning:  # the captioner of bench_caption.py, built by this c
     shape = quick_shape()
     model = build_impl("vitscope", shape).train(captioning)
     images = torch.randn(spec["batch"], shape["in_chans"], shape["img"], shape["img"])
-    tokens = torch.randint(4, shape["vocab"], (spec["batch"], 33))
-    if decoding:
+    if captioning:
+        tokens = torch.randint(4, shape["vocab"], (spec["batch"], 33))  # 32-word captions, as bench_caption.py's
+    else:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             memory = model.encode(images)
 else:

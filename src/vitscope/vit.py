@@ -65,9 +65,7 @@ class PatchEmbed(nn.Module):
         self.check(x)
         if self.stem is not None:
             x = self.stem(x)
-        # contiguous: every residual add keeps its input's memory layout, so a transposed view here would reach each
-        # LayerNorm, which copies it first (forward and backward) where no class token is concatenated on
-        return rearrange(self.proj(x), "b d h w -> b (h w) d").contiguous()  # (B, N, D)
+        return rearrange(self.proj(x), "b d h w -> b (h w) d")  # (B, N, D)
 
 
 class Mlp(nn.Module):
@@ -311,7 +309,9 @@ class VisionTransformer(nn.Module):
         pos = self._pos_for_grid(gh, gw, x)
         if pos is not None:
             x = x + pos
-        return self.pos_drop(x)
+        # contiguous (a copy only where no class token was concatenated on): every residual add keeps its input's
+        # memory layout, so the patch embedding's transposed view would reach each LayerNorm, which copies it first
+        return self.pos_drop(x.contiguous())
 
     # -- the model API (timm's) -----------------------------------------------------------------
     def forward_features(self, x: Tensor) -> Tensor:

@@ -184,7 +184,7 @@ class FastPatchEmbed(DecidesOnSwap, PatchEmbed):
         if self.stem is not None:
             # (B, C, H, W) with (B, H, W, C) memory, like the weights; the flatten below is then a view
             x = self.stem(x.contiguous(memory_format=torch.channels_last))
-        return rearrange(self.proj(x), "b d h w -> b (h w) d").contiguous()  # as PatchEmbed's: (B, N, D) memory
+        return rearrange(self.proj(x), "b d h w -> b (h w) d")
 
 
 class FastViT(DecidesOnSwap, VisionTransformer):
