@@ -270,8 +270,10 @@ class MultiHeadAttention(nn.Module):
             return self.q_norm(q), cache.k, cache.v
         if context is None:
             raise ValueError("cross-attention needs `context` (B, M, context_dim)")
-        kv = rearrange(self.kv(context), "b m (two h d) -> two b h m d", two=2, h=self.num_heads)
-        k, v = self.k_norm(kv[0]), kv[1]
+        # unbind, not kv[0] and kv[1]: backward it stacks the two gradients, where each index would fill a zero
+        # gradient of the whole kv and the two would then be added
+        k, v = rearrange(self.kv(context), "b m (two h d) -> two b h m d", two=2, h=self.num_heads).unbind(0)
+        k = self.k_norm(k)
         if cache is not None:
             # contiguous once here, or every later step's q @ kᵀ copies the strided view again
             # (two-thirds of greedy decoding's time before; docs/performance.md)

@@ -154,6 +154,44 @@ def test_attend_qkv_matches_float64_through_the_split(queries, n):
 
 
 @needs_kernel
+@pytest.mark.parametrize("nq,nk,d", [(33, 196, 32), (1, 50, 16), (64, 7, 64),
+                                     pytest.param(300, 513, 64, marks=needs_any_length)])
+def test_cross_attention_from_the_projections_matches_float64_and_the_split_path(nq, nk, d):
+    """attend_q_kv reads q (B, Nq, H·D) and kv (B, M, 2·H·D) in place and writes their gradients in those layouts:
+    float64's numbers to float32 rounding, and bit for bit those of `attend` on the split views, which runs the same
+    kernel over the same memory and leaves autograd to gather the gradients (300 x 513: blockwise)."""
+    b, h = 2, 3
+    gen = torch.Generator().manual_seed(5)
+    q64 = torch.randn(b, nq, h * d, generator=gen, dtype=torch.float64)
+    kv64 = torch.randn(b, nk, 2 * h * d, generator=gen, dtype=torch.float64) * 1.5
+    g64 = torch.randn(b, nq, h * d, generator=gen, dtype=torch.float64)
+    scale = d**-0.5
+
+    def split(attention):
+        def fn(q, kv):
+            out = attention(*short_attention.split_q_kv(q, kv, h), scale=scale)  # (B, H, Nq, D)
+            return out.transpose(1, 2).reshape(b, nq, h * d)
+        return fn
+
+    def run(fn, dtype):
+        q, kv = (t.to(dtype).detach().requires_grad_() for t in (q64, kv64))
+        out = fn(q, kv)
+        out.backward(g64.to(dtype))
+        return out.detach(), q.grad, kv.grad
+
+    ours = run(lambda q, kv: short_attention.attend_q_kv(q, kv, h, scale), torch.float32)
+    for a, b_ in zip(ours, run(split(short_attention.attend), torch.float32)):
+        assert torch.equal(a, b_)
+    for a, ref in zip(ours, run(split(F.scaled_dot_product_attention), torch.float64)):
+        torch.testing.assert_close(a.double(), ref, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(short_attention.attend_q_kv(q64.float(), kv64.float(), h, scale), ours[0])
+    assert short_attention.usable_q_kv(q64.float(), kv64.float(), h)
+    assert not short_attention.usable_q_kv(q64.float(), kv64.float()[..., :-d], h)  # kv not twice q's width
+    assert not short_attention.usable_q_kv(torch.zeros(b, nq, 2 * h * d)[..., :h * d], kv64.float(), h)  # strided
+
+
+@needs_kernel
 def test_multi_head_attention_matches_torch_multihead_attention(monkeypatch):
     calls = []
     real = short_attention.attend_qkv

@@ -145,8 +145,8 @@ def test_a_decoder_with_masks_caches_and_cross_attention_keeps_its_numbers():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_a_decoders_cross_attention_trains_through_the_kernels_with_the_plain_numbers(dtype, padded, monkeypatch):
     """Teacher forcing (a captioner's training step): the cross-attention over an unpadded context runs vitscope's
-    attention kernels from q, k and v; the loss and every gradient are the plain decoder's. A padding mask keeps
-    PyTorch's path."""
+    attention kernels from the q and kv projections; the loss and every gradient are the plain decoder's. A padding
+    mask keeps PyTorch's path."""
     torch.manual_seed(0)
     plain = TransformerDecoder(50, 64, 2, 4, 16, context_dim=32)
     fast = kernels.apply(copy.deepcopy(plain))
@@ -154,8 +154,8 @@ def test_a_decoders_cross_attention_trains_through_the_kernels_with_the_plain_nu
     pad = torch.zeros(3, 37, dtype=torch.bool)
     pad[0, 20:] = True
     calls = []
-    attend = short_attention.attend
-    monkeypatch.setattr(short_attention, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    attend = short_attention.attend_q_kv
+    monkeypatch.setattr(short_attention, "attend_q_kv", lambda *a, **k: calls.append(1) or attend(*a, **k))
 
     def step(model):
         model.zero_grad()

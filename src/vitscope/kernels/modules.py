@@ -58,7 +58,8 @@ class FastMlp(DecidesOnSwap, Mlp):
 class FastAttention(DecidesOnSwap, MultiHeadAttention):
     """Self-attention straight from the fused qkv projection into vitscope's attention kernels, which
     write the heads side by side as `proj` reads them (short_attention.py); cross-attention without a
-    mask or cache (a captioner's teacher-forced training) through the same kernels from q, k and v."""
+    mask or cache (a captioner's teacher-forced training) through the same kernels from the q and kv
+    projections (`attend_q_kv`)."""
 
     def _decide(self) -> None:
         unnormed = isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity)
@@ -68,18 +69,21 @@ class FastAttention(DecidesOnSwap, MultiHeadAttention):
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None,
                 causal: bool = False, cache=None, return_weights: bool = False, queries: int | None = None):
-        if not (x.is_cpu and enabled() and (self._plain and context is None or self._plain_cross)
+        takes = self._plain and context is None or self._plain_cross and context is not None
+        if not (x.is_cpu and enabled() and takes
                 and mask is None and not causal and cache is None and not return_weights and self.capture is None
                 and self.head_mask is None and (self.attn_drop == 0.0 or not self.training)):
             return super().forward(x, context, mask=mask, causal=causal, cache=cache,
                                    return_weights=return_weights, queries=queries)
         if self.cross:
-            q, k, v = self._project(x, context, None, queries)  # (B, H, Nq, D), (B, H, Nk, D) twice
-            if short_attention.usable(q, k, v):
-                out = short_attention.attend(q, k, v, self.scale)  # a view of (B, Nq, H, D)
-            else:
-                out = attend(q, k, v, scale=self.scale)
-            return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+            q = self.q(x if queries is None else x[:, :queries])  # (B, Nq, H·D)
+            kv = self.kv(context)  # (B, Nk, 2·H·D)
+            if short_attention.usable_q_kv(q, kv, self.num_heads):
+                out = short_attention.attend_q_kv(q, kv, self.num_heads, self.scale)  # (B, Nq, H·D)
+            else:  # the projections it has, through PyTorch's attention
+                qh, k, v = short_attention.split_q_kv(q, kv, self.num_heads)
+                out = rearrange(attend(qh, k, v, scale=self.scale), "b h n d -> b n (h d)")
+            return self.proj_drop(self.proj(out))
         qkv = self.qkv(x)  # (B, N, 3·H·D)
         if short_attention.usable_qkv(qkv, self.num_heads, queries):
             out = short_attention.attend_qkv(qkv, self.num_heads, self.scale, queries)  # (B, Nq, H·D)

@@ -312,6 +312,64 @@ def attend_qkv(qkv: Tensor, heads: int, scale: float, queries: int | None = None
     return _qkv_forward(qkv, heads, float(scale), queries, False)[0]
 
 
+# Cross-attention straight from its two projections and back, as attend_qkv does for self-attention: the queries
+# from `q`'s output (B, Nq, H·D), the keys and values from the fused `kv`'s (B, M, 2·H·D). The gradients are written
+# into tensors of those two layouts, so no select's zero-filled gradient, stack or re-layout copy runs backward
+# (a captioner's training step spent 23 of 430 ms on them on a Zen 3; docs/performance.md).
+
+
+def split_q_kv(q: Tensor, kv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Views q (B, H, Nq, D), k and v (B, H, M, D) of the projections' outputs q (B, Nq, H·D) and kv (B, M, 2·H·D)."""
+    b, nq, inner = q.shape
+    qh = q.view(b, nq, heads, inner // heads).transpose(1, 2)
+    k, v = kv.view(b, kv.shape[1], 2, heads, inner // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    return qh, k, v
+
+
+class _CrossAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, kv: Tensor, heads: int, scale: float) -> Tensor:
+        qh, k, v = split_q_kv(q, kv, heads)
+        lse = torch.empty(qh.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
+        out = torch.empty_like(q)  # (B, Nq, H·D), written through (B, H, Nq, D) strides
+        _forward(qh, k, v, scale, lse, out.view(*q.shape[:2], heads, -1).transpose(1, 2))
+        ctx.save_for_backward(q, kv, lse, *((out,) if _blockwise(qh, k) else ()))
+        ctx.heads, ctx.scale = heads, scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        q, kv, lse, *out = ctx.saved_tensors
+        heads = ctx.heads
+        dq, dkv = torch.empty_like(q), torch.empty_like(kv)
+        g = g.to(q.dtype).reshape(*g.shape[:2], heads, -1).transpose(1, 2)  # (B, H, Nq, D)
+        o = [out[0].view(*q.shape[:2], heads, -1).transpose(1, 2)] if out else []
+        _backward(*split_q_kv(q, kv, heads), g, lse, *split_q_kv(dq, dkv, heads), ctx.scale, *o)
+        return dq, dkv, None, None
+
+
+def usable_q_kv(q: Tensor, kv: Tensor, heads: int) -> bool:
+    """Whether `attend_q_kv(q, kv, heads, ...)` may run the kernels: q (B, Nq, H·D) and kv (B, M, 2·H·D), both
+    contiguous, outside torch.compile (compiled graphs keep PyTorch's attention here, as for `attend`)."""
+    if (q.dim() != 3 or kv.dim() != 3 or q.shape[0] != kv.shape[0] or q.shape[-1] % heads
+            or kv.shape[-1] != 2 * q.shape[-1] or not (q.is_contiguous() and kv.is_contiguous())
+            or torch.compiler.is_compiling()):
+        return False
+    return usable(*split_q_kv(q, kv, heads))
+
+
+def attend_q_kv(q: Tensor, kv: Tensor, heads: int, scale: float) -> Tensor:
+    """Cross-attention of the query projection's output q (B, Nq, H·D) over the fused key-value projection's kv
+    (B, M, 2·H·D) -> (B, Nq, H·D), the heads side by side; differentiable. Check `usable_q_kv` first."""
+    if torch.is_grad_enabled() and (q.requires_grad or kv.requires_grad):
+        return _CrossAttention.apply(q, kv, heads, float(scale))
+    qh, k, v = split_q_kv(q, kv, heads)
+    out = torch.empty_like(q)
+    _forward(qh, k, v, float(scale), None, out.view(*q.shape[:2], heads, -1).transpose(1, 2))
+    return out
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
     """softmax(scale q kᵀ) v -> (B, H, Nq, D), a view of a (B, Nq, H, D) tensor, differentiable where
     q, k or v need gradients. Check `usable` first."""
