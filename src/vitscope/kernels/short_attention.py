@@ -326,13 +326,19 @@ def split_q_kv(q: Tensor, kv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tenso
     return qh, k, v
 
 
+def _q_kv_forward(q: Tensor, kv: Tensor, heads: int, scale: float, lse: Tensor | None) -> Tensor:
+    """The output (B, Nq, H·D), written through (B, H, Nq, D) strides; lse, when given, each query's log-sum-exp."""
+    out = torch.empty_like(q)
+    _forward(*split_q_kv(q, kv, heads), scale, lse, out.view(*q.shape[:2], heads, -1).transpose(1, 2))
+    return out
+
+
 class _CrossAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, kv: Tensor, heads: int, scale: float) -> Tensor:
-        qh, k, v = split_q_kv(q, kv, heads)
+        qh, k, _ = split_q_kv(q, kv, heads)
         lse = torch.empty(qh.shape[:3], dtype=torch.float32)  # (B, H, Nq), log2 domain
-        out = torch.empty_like(q)  # (B, Nq, H·D), written through (B, H, Nq, D) strides
-        _forward(qh, k, v, scale, lse, out.view(*q.shape[:2], heads, -1).transpose(1, 2))
+        out = _q_kv_forward(q, kv, heads, scale, lse)
         ctx.save_for_backward(q, kv, lse, *((out,) if _blockwise(qh, k) else ()))
         ctx.heads, ctx.scale = heads, scale
         return out
@@ -364,10 +370,7 @@ def attend_q_kv(q: Tensor, kv: Tensor, heads: int, scale: float) -> Tensor:
     (B, M, 2·H·D) -> (B, Nq, H·D), the heads side by side; differentiable. Check `usable_q_kv` first."""
     if torch.is_grad_enabled() and (q.requires_grad or kv.requires_grad):
         return _CrossAttention.apply(q, kv, heads, float(scale))
-    qh, k, v = split_q_kv(q, kv, heads)
-    out = torch.empty_like(q)
-    _forward(qh, k, v, float(scale), None, out.view(*q.shape[:2], heads, -1).transpose(1, 2))
-    return out
+    return _q_kv_forward(q, kv, heads, float(scale), None)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None) -> Tensor:
