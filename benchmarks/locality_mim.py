@@ -1,6 +1,6 @@
 """Masked patch prediction, then labels: a small ViT whose heads do become local.
 
-    python benchmarks/locality_mim.py                 # the run tutorial 2 loads (about 30 minutes on one core)
+    python benchmarks/locality_mim.py                 # the run tutorial 2 loads (30-40 minutes on one core)
     python benchmarks/locality_mim.py --mim-steps 0   # labels alone, for comparison
     python benchmarks/locality_mim.py --out DIR --pos-embed learn
 
@@ -14,8 +14,10 @@ normalises them). Then the whole ViT is fine-tuned on the labels for a few epoch
 
 It writes to --out (default runs/locality_mim):
 - `mim.safetensors`: the ViT after masked patch prediction (its classification head untrained);
-- `finetuned.safetensors`: the same after fine-tuning on labels, the checkpoint tutorial 2 loads
-  (`cp runs/locality_mim/finetuned.safetensors docs/tutorials/checkpoints/vit_fmnist_mim.safetensors`);
+- `finetuned.safetensors`: the same after fine-tuning on labels. Tutorial 2 loads both:
+  `cp runs/locality_mim/mim.safetensors docs/tutorials/checkpoints/vit_fmnist_mim.safetensors`,
+  `cp runs/locality_mim/finetuned.safetensors docs/tutorials/checkpoints/vit_fmnist_mim_ft.safetensors` and
+  `cp runs/locality_mim/history.json docs/tutorials/checkpoints/locality_mim.json`;
 - `history.json`: every head's mean attention distance (vitscope.inspect.stats.mean_distance, on 256 test
   images) every --every steps of both stages, the losses, the test accuracy, and this command.
 
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--pos-embed", default="sincos2d", choices=["sincos2d", "learn"])
     ap.add_argument("--mask-ratio", type=float, default=0.3, help="share of the patches hidden (default 0.3)")
-    ap.add_argument("--mim-steps", type=int, default=3000)
+    ap.add_argument("--mim-steps", type=int, default=4000)
     ap.add_argument("--finetune-steps", type=int, default=2000)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -17,12 +17,12 @@
 # **query**), every token offers something to match against (its **key**) and a content to hand over
 # (its **value**); the softmax of the query–key scores says how much of each value to take.
 #
-# Attention came to neural networks through translation. Bahdanau, Cho and Bengio (2014) let a
-# decoder score every source word with a small MLP (additive attention); Luong, Pham and Manning
-# (2015) scored with a dot product; Vaswani et al. (2017) built the transformer on the dot product
-# scaled by 1/√d, with queries, keys and values projected from the sequence itself, several heads
-# side by side, and masks. [Tutorial 3](03_dot_product_to_translation.py) goes back to
-# translation. This one builds today's form from the ground up:
+# Attention came to neural networks through translation. Bahdanau, Cho and Bengio (2014) let a decoder
+# score every source word with a small MLP (additive attention); Luong, Pham and Manning (2015) compared
+# simpler scores, the plain dot product among them; Vaswani et al. (2017) built the transformer on the dot
+# product scaled by 1/√d, with queries, keys and values projected from the sequence itself, several heads
+# side by side, and masks. [Tutorial 3](03_dot_product_to_translation.py) goes back to translation. This
+# one builds today's form from the ground up:
 #
 # 1. attention as a weighted average, first of all as kernel regression;
 # 2. the simplest form, softmax(X Xᵀ) X, with no parameters at all;
@@ -151,7 +151,6 @@ plt.close(fig)
 err = list(errors.values())
 assert err[0] > err[1] > err[2]  # each step predicts better than the one before
 assert learned_width < 1.0  # the band the data chose is narrower than the hand-picked one
-assert entropy(learned_weights[None, None]) < entropy(gaussian_weights[None, None])  # the narrower band
 
 # %% [markdown]
 # The Gaussian score is a dot product in disguise. Expand the square:
@@ -164,7 +163,7 @@ assert entropy(learned_weights[None, None]) < entropy(gaussian_weights[None, Non
 # %%
 w = learned_width
 as_dot_product = (x_query[:, None] * x_train[None, :] / w**2 - x_train[None, :] ** 2 / (2 * w**2)).softmax(-1)
-assert torch.allclose(as_dot_product, learned_weights, atol=1e-5)
+assert torch.allclose(as_dot_product, learned_weights, atol=1e-5)  # the algebra above, checked in numbers
 
 # %% [markdown]
 # Here one number was learned. Attention learns much more: projections that turn each token into a
@@ -276,7 +275,6 @@ display(Markdown(
 
 # %%
 assert torch.allclose(vitscope.attend(Q[None, None], K[None, None], V[None, None])[0, 0], out, atol=1e-6)
-assert torch.allclose(out[2], V.mean(0))  # equal scores: the plain average
 
 # %% [markdown]
 # ## 4. Multi-head self-attention in einops
@@ -337,7 +335,8 @@ assert torch.allclose(vitscope_weights, reference_weights, atol=1e-5)  # (B, H, 
 # If the entries of a query and a key are independent with mean 0 and variance 1, their dot product
 # over D dimensions has variance D. Without the scale, wider heads give ever larger scores, and the
 # softmax of large scores is nearly one-hot: each query sees a single key, and since the softmax's
-# Jacobian diag(p) − ppᵀ vanishes at a one-hot p, almost no gradient reaches the scores.
+# Jacobian diag(p) − ppᵀ shrinks as p nears one-hot (it is zero at a one-hot p), less and less
+# gradient reaches the scores.
 # Dividing by √D brings the variance back to 1 whatever the width.
 #
 # We measure it on random queries and keys (32 keys, so uniform attention has entropy log 32
@@ -395,7 +394,8 @@ display(Markdown(
     f"width keeps an entropy between {min(r['entropy scaled'] for r in rows):.2f} and "
     f"{max(r['entropy scaled'] for r in rows):.2f} nats."))
 assert last["max weight raw"] > 0.9 and last["entropy raw"] < 0.2
-assert last["jacobian raw"] < 0.25 * last["jacobian scaled"]
+ratios = [r["jacobian raw"] / r["jacobian scaled"] for r in rows]  # raw Jacobian ÷ scaled, per width
+assert ratios[-1] < 0.4 and ratios[-1] < ratios[0] / 3  # it falls as the width grows
 assert all(abs(r["entropy scaled"] - first["entropy scaled"]) < 0.1 for r in rows)
 assert all(r["max weight scaled"] < 0.25 for r in rows)
 
@@ -494,8 +494,8 @@ for name, (before, after) in [("positions added", with_positions), ("causal mask
 
 # %% [markdown]
 # A transformer decoder has both: positions on its inputs and the causal mask on its
-# self-attention. An encoder, and a ViT, have no mask: there positions are the only source of
-# order.
+# self-attention. An encoder, and a ViT, have no causal mask (at most a padding mask, which hides
+# pads and says nothing about order): there positions are the only source of order.
 #
 # ### What a positional encoding needs
 #
@@ -515,7 +515,8 @@ for name, (before, after) in [("positions added", with_positions), ("causal mask
 # longest one it was trained with (to fine-tune on larger images, the ViT paper interpolates its
 # table to the new grid: `vitscope.positional.resample_pos_embed`).
 #
-# Vaswani et al.'s **sinusoids** meet all four: channel pair i holds sin(p·ω_i) and cos(p·ω_i) at a
+# Vaswani et al.'s **sinusoids** meet the first, second and fourth, and the third as far as an
+# encoding can: channel pair i holds sin(p·ω_i) and cos(p·ω_i) at a
 # frequency ω_i = 1/10000^(2i/d) that falls from 1 to nearly 1/10000 across the channels, so the
 # wavelengths run from 2π to nearly 10000·2π. `vitscope.positional.sincos_1d` computes them.
 
@@ -547,19 +548,30 @@ fractions = {n: 1 / (n - 1) for n in (10, 100)}
 print("   against p/(N-1), whose neighbour step is", ", ".join(f"{v:.3f} at N = {n}" for n, v in fractions.items()))
 
 short = sincos_1d(20, 64)
-print("3. the code of a position does not depend on the length: sincos_1d(20) = first rows of sincos_1d(1000):",
-      torch.equal(short, pe[:20]))
+print("2. nor does a position's code depend on the length: sincos_1d(20) = first rows of sincos_1d(1000):",
+      torch.equal(short, pe[:20]), "(p/(N-1) of position 5:", f"{5 / 19:.3f} at N = 20, {5 / 999:.3f} at N = 1000)")
+longer = sincos_1d(4000, 64)
+itself = torch.cat([torch.zeros(3000, 1000), torch.eye(3000)], 1) * 1e9  # leave out each one's own code
+beyond = torch.cdist(longer[1000:], longer) + itself  # positions 1,000-3,999 against all 4,000
+print(f"3. positions 1,000-3,999 get codes too: the closest any of them comes to another code is "
+      f"{beyond.min().item():.3f}")
+print(f"4. every value lies in [{longer.min().item():.3f}, {longer.max().item():.3f}], whatever the position")
 assert distances.min() > 0.1
 assert all((s.max() - s.min()) < 1e-3 for s in steps.values())
 assert torch.equal(short, pe[:20])
+assert beyond.min() > 0.1 and torch.equal(longer[:1000], pe)
+assert longer.abs().max() <= 1
 
 # %% [markdown]
 # Property 2 has a stronger form, the one Vaswani et al. chose sinusoids for: for every offset k,
 # PE[p + k] is the same linear function of PE[p] at every position p. Each (sin, cos) pair turns by
 # the angle k·ω_i (sin(a + b) = sin a cos b + cos a sin b, cos(a + b) = cos a cos b − sin a sin b),
 # so one block-diagonal rotation M_k, built from the frequencies alone, moves every code k places,
-# including positions far beyond any sequence seen in training. A layer that learns to use "three
-# places back" at one position can use it at every position.
+# at any position. Vaswani et al. hoped that this would let a model attend by relative position
+# and extrapolate to longer sequences. It is a property of the codes, not a guarantee about the
+# model: the scores mix the codes with the tokens' content through learned projections, and in
+# practice transformers with sinusoids degrade on sequences longer than those they were trained
+# on (Press, Smith and Lewis 2022, who proposed ALiBi for that reason).
 
 # %%
 def shift_by(k, dim):
@@ -607,10 +619,11 @@ print(f"{'added score':<18} {(tokens_[0] + codes[0]) @ (tokens_[1] + codes[1]):7
 # - In parameter-free attention softmax(X Xᵀ) X of unit vectors a token's own weight is the largest
 #   in its row, but only about e / (e + N − 1) of it; the scores are symmetric, the weights are not.
 # - softmax(QKᵀ/√d)V on three tokens by hand equals `vitscope.attend`.
-# - Multi-head self-attention is a dozen lines of einops, and gives `vitscope.MultiHeadAttention`'s
-#   and `torch.nn.MultiheadAttention`'s outputs and weights to 1e-5 on the same weights.
-# - Without 1/√D, dot products grow with the head width, the softmax saturates and stops passing
-#   gradient; with it, the rows keep the same entropy at every width.
+# - Multi-head self-attention is a few lines of einops, and gives `vitscope.MultiHeadAttention`'s
+#   and `torch.nn.MultiheadAttention`'s outputs to 1e-5 on the same weights; vitscope's and torch's
+#   attention weights agree to 1e-5 too.
+# - Without 1/√D, dot products grow with the head width, the softmax saturates and passes less and
+#   less gradient; with it, the rows keep the same entropy at every width.
 # - Causal and padding masks give `F.scaled_dot_product_attention`'s results, and a causal output
 #   does not depend on later tokens.
 # - Self-attention is permutation-equivariant; added positions and a causal mask each break that.

@@ -15,7 +15,8 @@
 #
 # An image captioner turns a picture into a sentence, one word at a time. The first neural
 # captioners (the cs231n attention lecture starts here) squeezed the whole image into one vector
-# that started a recurrent network: every word had to be generated from that one summary. **Show,
+# that a recurrent network read at the start (Show and Tell) or at every step (m-RNN, LRCN):
+# every word had to be generated from that one summary. **Show,
 # Attend and Tell** (Xu et al., 2015) kept the image as a grid of feature vectors instead, and let
 # the decoder *look* again at every step: before it chooses word t, it scores every grid cell
 # against the state it had after the previous word (h_{t-1}), turns the scores into weights with a
@@ -36,14 +37,15 @@
 #
 # COCO or Flickr8k photos cannot be fetched on the machines this runs on, so we use what is here:
 # Fashion-MNIST, from which vitscope builds captioned scenes. It trains two small models and loads a
-# third: it ran in 4.6 minutes on 2 otherwise idle cores of an AMD EPYC (Zen 3, AVX2, float32) as
-# `make docs` executes it (the classifier 36 s, the transformer 209 s). The third, the LSTM, is loaded
-# from a checkpoint this tutorial wrote, because training it here takes 6 minutes (360 s the last time
-# `make docs` trained it on that machine); `LSTM = "train"` in its cell trains it instead. The last
-# cell prints how long your run took.
+# third. As recorded on our machine (yours will differ), it ran in 4.6 minutes on 2 otherwise idle cores
+# of an AMD EPYC (Zen 3, AVX2, float32) as `make docs` executes it (the classifier 36 s, the transformer
+# 209 s). The third, the LSTM, is loaded from a checkpoint this tutorial wrote, because training it here
+# takes 6 minutes (360 s the last time `make docs` trained it on that machine); `LSTM = "train"` in its
+# cell trains it instead. The last cell prints how long your run took.
 #
-# The numbers in the text are the run's own: the cells that discuss a result write their text from
-# it, so a rerun that gives other numbers gives other sentences.
+# The figures about this run's results are the run's own: the cells that discuss a result write
+# their text from it, so a rerun that gives other numbers gives other sentences. Timings recorded on
+# our machine are said to be so.
 
 # %%
 import os
@@ -113,7 +115,8 @@ plt.close(fig)
 #
 # A caption is not right or wrong as a class label is; it is compared with the references. **BLEU**
 # counts the generated n-grams (runs of n words) that appear in some reference, each credited at
-# most as often as the reference that holds it most (clipping: "the the the" earns one "the"), and
+# most as often as the reference that holds it most (clipping: against the single reference "the
+# cat", the caption "the the the" earns one "the", not three), and
 # takes the geometric mean of those precisions for n = 1..4; a **brevity penalty**
 # exp(1 − r/c) punishes a caption of c words shorter than the reference length r closest to it,
 # which precision alone would reward. **CIDEr-D** weighs each n-gram by how rare it is among all
@@ -182,7 +185,9 @@ assert classifier.value > 0.75
 #
 # The encoder turns the scene into 64 tokens; a learned 2-D position is added to each
 # (`memory_pos`), so the decoder can tell *where* a token is, which a caption of places needs. The
-# decoder is the transformer's: word embeddings plus learned positions, then blocks of masked
+# decoder is the transformer's, in the pre-norm form the ViT uses (each sublayer reads a LayerNorm of
+# its input; Vaswani et al. normalised after the residual sum): word embeddings plus learned
+# positions, then blocks of masked
 # self-attention over the words so far (a word may not look ahead at the words it must predict),
 # cross-attention from the words to the image tokens, and an MLP. It trains by **teacher
 # forcing**: it reads a reference caption shifted right (`<bos> a bag at ...`) and is scored on
@@ -283,8 +288,11 @@ shown = one_scene(transformer, pick)
 truth = set(test_scenes.scenes[pick].items)
 wrong = sorted(shown["named"] - truth)
 shorter = "shorter" if beam_row["mean_length"] < greedy_row["mean_length"] else "longer"
-easier = (" Finding the items is the easier part, telling similar garments apart (a shirt, a t-shirt, a "
-          "pullover, a coat) the harder one." if beam_row["grounding"] > beam_row["item_accuracy"] else "")
+why_shorter = (" A search for the most likely sentence leans towards short ones, since every extra word multiplies "
+               "in another probability below 1." if shorter == "shorter" else "")
+easier = (" More item words look at the right cell than items are named right: a caption can look in the "
+          "right place and still name the wrong garment." if beam_row["grounding"] > beam_row["item_accuracy"]
+          else "")
 display(Markdown(f"""
 The scene holds: {describe(truth)}. Beam 5 captioned it "{shown['caption']}", which names
 {describe(shown['named'])}: right in class and place for {shown['right']} of the {shown['total']} items
@@ -297,11 +305,9 @@ the items are named right.{easier}
 Beam search looks for the caption the model finds most likely, not the one a metric likes best, so it
 need not win on every score. Here its captions are {shorter} than greedy's on average
 ({beam_row['mean_length']:.1f} words against {greedy_row['mean_length']:.1f}), and it names
-{beam_row['item_accuracy']:.1%} of the items against greedy's {greedy_row['item_accuracy']:.1%}. A search
-for the most likely sentence leans towards short ones, since every extra word multiplies in another
-probability below 1, and the data offers five phrasings per scene, from the terse "top left : bag ;
-bottom right : coat" to longer ones: the phrasing a decoder settles on moves BLEU and CIDEr-D as much as
-the items it names.
+{beam_row['item_accuracy']:.1%} of the items against greedy's {greedy_row['item_accuracy']:.1%}.{why_shorter}
+The data offers five phrasings per scene, from the terse "top left : bag ; bottom right : coat" to longer
+ones: the phrasing a decoder settles on moves BLEU and CIDEr-D as much as the items it names.
 """))
 
 # %% [markdown]
@@ -319,8 +325,10 @@ display(page)
 #
 # The lecture's RNN captioner. At step t the LSTM's previous state h_{t-1} scores every image token
 # z_i with a small MLP, **additive attention**: e_i = wᵀ tanh(W_h h_{t-1} + W_z z_i). A softmax over the
-# tokens turns the scores into weights a_i, and the context c = Σ a_i z_i goes into the LSTM with
-# the previous word. The paper adds a regulariser ("doubly stochastic attention") that asks every
+# tokens turns the scores into weights a_i, and the context c = β ⊙ Σ a_i z_i goes into the LSTM
+# with the previous word, where the gate β = σ(f_β(h_{t-1})) lets the decoder turn the image down
+# when a word needs no looking (the paper's β_t is one number per step; vitscope's gate has one per
+# channel). The paper adds a regulariser ("doubly stochastic attention") that asks every
 # image token to receive about as much attention over the whole caption as any other, so no region
 # is ignored. Same encoder start, same data; the LSTM runs word by word, so an epoch costs it
 # more than the transformer's.
@@ -337,7 +345,7 @@ display(page)
 # each of its steps costs several of ours.
 
 # %% [markdown]
-# Training it here takes about 6 minutes on 2 cores, more than the rest of this tutorial together.
+# Training it here took about 6 minutes on our 2 cores, more than the rest of this tutorial together.
 # So by default the next cell loads the LSTM that this same cell trained when the tutorial was run
 # with `VITSCOPE_T4_LSTM=save` (the command is below): `checkpoints/show_attend_tell_t4.safetensors`
 # beside this tutorial. Its encoder started from the classifier of that run, trained by the cell
@@ -365,7 +373,9 @@ lstm = open_captioner(runs / "lstm" if LSTM == "train" else LSTM_FILE)
 recipe = lstm.train_config
 print(f"{lstm.source.name}: {recipe['epochs']} epochs at lr {recipe['lr']}; decoder",
       recipe["caption"]["decoder_args"])
-assert (recipe["epochs"], recipe["lr"], recipe["caption"]["decoder_args"]["hidden_dim"]) == (2, 2e-3, 256)
+sizes = {k: recipe["caption"]["decoder_args"][k] for k in ("embed_dim", "hidden_dim", "attn_dim", "attention_reg")}
+assert (recipe["epochs"], recipe["lr"], sizes) == (2, 2e-3, dict(embed_dim=128, hidden_dim=256, attn_dim=128,
+                                                                  attention_reg=1.0))  # what the text says it is
 table["show-attend-tell, greedy"] = scores(lstm, 1)
 table["show-attend-tell, beam 5"] = scores(lstm, 5)
 show_table(table)
@@ -393,9 +403,10 @@ lecture's figures the words that name a thing look at it, while the little words
 ("a", "the", the punctuation) have nothing in particular to look at.
 
 The two train differently: the transformer's teacher-forced training computes all positions of a
-caption at once, where each LSTM step waits for the previous one: on 2 cores its two epochs took 1.7
-times as long as the transformer's three (360 s against 209 s on the Zen 3 above; the transformer's time
-is printed above, and with `LSTM = "train"` the LSTM's is too). vitscope's `caption_lstm` preset
+caption at once, where each LSTM step waits for the previous one. As recorded on the Zen 3 above when
+`make docs` last trained both, the LSTM's two epochs took 1.7 times as long as the transformer's three
+(360 s against 209 s); this run's transformer time is printed above, and with `LSTM = "train"` the
+LSTM's is too. vitscope's `caption_lstm` preset
 (`vitscope train --preset caption_lstm`, on the README's stronger encoder) trains the same LSTM for
 three epochs; its docstring in `vitscope.training.recipes` gives about 91% item accuracy and 89-94%
 grounding with beam 5, with the runs in benchmarks/RESULTS.md.
@@ -461,12 +472,13 @@ neighbours = torch.diagonal(learned, 1)                    # similarity of posit
 early, late = neighbours[:8].mean().item(), neighbours[15:].mean().item()
 print(f"neighbours among positions 0-8: {early:.2f}; among positions 15-{n - 1}: {late:.2f}")
 lengths = [len(tokenize(c)) for caps in train_scenes.captions[:2000] for c in caps]
+uneven = "It is not the same everywhere:" if abs(early - late) > 0.1 else "It is much the same everywhere:"
 display(Markdown(f"""
 Training gave the learned table part of the sinusoids' rule: neighbouring positions are more alike
-({near:.2f} on average) than positions 8 or more apart ({far:.2f}). It is not the same everywhere:
-neighbours among the first positions have a similarity of {early:.2f}, and from position 15 on of
-{late:.2f}. (The captions are {min(lengths)} to {max(lengths)} words long, median
-{int(np.median(lengths))}: the later positions are trained by fewer captions.)
+({near:.2f} on average) than positions 8 or more apart ({far:.2f}). {uneven} neighbours among
+the first positions have a similarity of {early:.2f}, and from position 15 on of {late:.2f}. (The captions
+are {min(lengths)} to {max(lengths)} words long, median {int(np.median(lengths))}: the later positions are
+trained by fewer captions.)
 """))
 
 # %% [markdown]
@@ -477,9 +489,10 @@ neighbours among the first positions have a similarity of {early:.2f}, and from 
 #   often than chance. The LSTM's alignment is learnt late, so it needs enough steps (and a large
 #   enough learning rate) before it looks anywhere in particular.
 # - Decoding is a search: greedy takes the best word, beam search keeps several captions alive and
-#   finds likelier ones, which is not always what a metric rewards.
-# - BLEU and CIDEr-D score n-gram overlap with the references; a caption that names the wrong item
-#   in the right phrasing still scores well, which is why we also measured items and grounding.
+#   looks for the likeliest whole caption, which is not always what a metric rewards.
+# - BLEU and CIDEr-D score n-gram overlap with the references: most of a caption's n-grams are its
+#   phrasing, so a wrong item costs it only a few of them, which is why we also measured items and
+#   grounding.
 # - Without a mask, attention is blind to order; a causal mask breaks the symmetry, and positions,
 #   fixed or learned, say where each word stands; the learned table made neighbouring positions alike.
 #

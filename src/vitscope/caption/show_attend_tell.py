@@ -2,8 +2,8 @@
 
 At every step the LSTM's previous hidden state scores every image token with additive (Bahdanau)
 attention, the weighted sum of the tokens is the context vector, a sigmoid gate computed from the
-same hidden state scales it (the paper's beta, sec. 4.2.1), and the LSTM reads the previous word's
-embedding with that context:
+same hidden state scales it (the paper's beta, sec. 4.2.1, here one per channel where the paper's is one
+scalar per step), and the LSTM reads the previous word's embedding with that context:
 
     alpha_t = softmax_i( v^T tanh(W_h h_{t-1} + W_a a_i) )            (R, N)   AdditiveAttention
     z_t     = sigmoid(f_beta(h_{t-1})) * sum_i alpha_ti a_i            (R, De)
