@@ -3,6 +3,7 @@
     python benchmarks/locality_mim.py                 # the run tutorial 2 loads (30-40 minutes on one core)
     python benchmarks/locality_mim.py --mim-steps 0   # labels alone, for comparison
     python benchmarks/locality_mim.py --out DIR --pos-embed learn
+    python benchmarks/locality_mim.py --out DIR --noise 2.0  # every patch noisy too: denoise them all
 
 Trained on labels alone, tutorial 2's ViT keeps every head near the mean distance of uniform attention
 (`locality_study.py`: six changes, none made a head local). Here the same kind of model first learns a task in
@@ -20,6 +21,11 @@ It writes to --out (default runs/locality_mim):
   `cp runs/locality_mim/history.json docs/tutorials/checkpoints/locality_mim.json`;
 - `history.json`: every head's mean attention distance (vitscope.inspect.stats.mean_distance, on 256 test
   images) every --every steps of both stages, the losses, the test accuracy, and this command.
+
+With `--noise S` every pixel of the input also gets Gaussian noise of standard deviation S (in normalised units)
+and the loss covers every patch: the hidden ones painted back, the visible ones denoised (the two L1 means
+added). A noisy patch is best cleaned with its neighbours' help, and every token is such a patch, the first
+layer's included, where hiding alone asks only the hidden tokens to look around.
 
 Each stage uses AdamW (weight decay 0.05) with a warm-up and a cosine decay, batch 128, one thread.
 """
@@ -90,6 +96,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--every", type=int, default=500, help="steps between readings of the heads' distances")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", type=float, default=0.0,
+                    help="standard deviation of Gaussian noise added to every input pixel; the loss then also "
+                         "covers the visible patches (default 0: hiding only)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -127,10 +136,13 @@ def main() -> None:
             g["lr"] = schedule(step, args.mim_steps, args.lr, 200)
         x = x_train[torch.randint(0, len(x_train), (args.batch,))]
         hidden = torch.rand(args.batch, n) < args.mask_ratio  # (B, N)
-        tokens = model.norm(model.run_blocks(masked_tokens(model, x, hidden, mask_token)))[:, 1:]  # (B, N, D)
+        noisy = x + args.noise * torch.randn_like(x) if args.noise > 0 else x
+        tokens = model.norm(model.run_blocks(masked_tokens(model, noisy, hidden, mask_token)))[:, 1:]  # (B, N, D)
         target = rearrange(x, "b c (h p) (w q) -> b (h w) (c p q)", p=p, q=p)  # (B, N, p·p)
         per_patch = F.l1_loss(pixels(tokens), target, reduction="none").mean(-1)  # (B, N)
         loss_t = (per_patch * hidden).sum() / hidden.sum().clamp_min(1)
+        if args.noise > 0:  # the visible patches, denoised
+            loss_t = loss_t + (per_patch * ~hidden).sum() / (~hidden).sum().clamp_min(1)
         opt.zero_grad(set_to_none=True)
         loss_t.backward()
         opt.step()
