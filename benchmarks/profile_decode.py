@@ -175,8 +175,8 @@ def draw(path: Path, n: int, whole: dict[str, tuple[float, float]], parts: dict[
         left += ms
     bottom.set_yticks([0], ["vitscope's loop"])
     loop = whole["vitscope"][1] - whole["vitscope"][0]
-    bottom.set_xlabel(f"CPU ms per decoding, timed part by part in another pass: the timers' own calls make the "
-                      f"parts sum to {left:.0f}, the loop above {loop:.0f}", fontsize=8)
+    bottom.set_xlabel(f"CPU ms per decoding, timed part by part in another pass (from an encoded memory): the parts "
+                      f"sum to {left:.0f}; the loop above, timed whole, {loop:.0f}", fontsize=8)
     bottom.set_xlim(0, left * 1.02)
     bottom.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncols=3, frameon=False, fontsize=8)
     fig.savefig(path, dpi=110)
