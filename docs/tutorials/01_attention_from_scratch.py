@@ -36,8 +36,9 @@
 # The test suite runs this file; each `assert` checks a fact the text states, and fails the tests if
 # it stops being true. Exercises close the tutorial.
 #
-# It ran in 17 to 38 seconds (executed as the tests execute it, in a Jupyter kernel) on 2 cores of an
-# AMD EPYC (Zen 3, AVX2) shared with other jobs; the last cell prints how long your run took.
+# As recorded on our machine (yours will differ), it ran in 17 to 38 seconds (executed as the tests
+# execute it, in a Jupyter kernel) on 2 cores of an AMD EPYC (Zen 3, AVX2) shared with other jobs; the
+# last cell prints how long your run took.
 
 # %%
 import math

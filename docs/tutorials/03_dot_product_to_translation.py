@@ -31,9 +31,9 @@
 # attention beside it, to show what attention fixed: one vector for the whole sentence, which loses
 # the long sentences.
 #
-# It ran in 1.5 to 4 minutes (executed as the tests execute it, in a Jupyter kernel) on 2 cores of
-# an AMD EPYC (Zen 3, AVX2) shared with other jobs, most of it the two trainings; the last cell
-# prints how long your run took.
+# As recorded on our machine (yours will differ), it ran in 1.5 to 4 minutes (executed as the tests
+# execute it, in a Jupyter kernel) on 2 cores of an AMD EPYC (Zen 3, AVX2) shared with other jobs, most of
+# it the two trainings; the last cell prints how long your run took.
 
 # %%
 # %matplotlib inline

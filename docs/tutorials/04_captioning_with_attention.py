@@ -463,7 +463,7 @@ plt.close(fig)
 
 for offset in (1, 5):
     diag = torch.diagonal(sinusoid, offset)
-    assert torch.allclose(diag, diag[0].expand_as(diag), atol=1e-5)  # depends on i - j alone
+    assert torch.allclose(diag, diag[0].expand_as(diag), atol=1e-5)  # the formula's property, in numbers: i - j alone
 near = torch.diagonal(learned, 1).mean().item()
 far = torch.stack([torch.diagonal(learned, k).mean() for k in range(8, n)]).mean().item()
 print(f"learned table: neighbours' mean similarity {near:.2f}, positions 8 or more apart {far:.2f}")
