@@ -816,31 +816,38 @@ print(f"fine-tuned model: test accuracy {mim_accuracy:.2%}")
 # layer's heads, and its nearest head):
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), layout="constrained")
-head_colors = plt.get_cmap("tab10")
-for ax, (stage, st) in zip(axes[:2], mim_stats.items()):
-    layers, heads = st.distance.shape
-    for h in range(heads):
-        ax.scatter(np.arange(layers) + (h - 1.5) * 0.08, st.distance[:, h], color=head_colors(h), s=25,
-                   edgecolors="k", linewidths=0.4, label=f"head {h}")
-    ax.axhline(uniform, ls="--", c="gray", lw=1, label="uniform")
-    ax.set(title=stage, xlabel="layer", ylabel="mean attention distance (px)", ylim=(0, 1.15 * uniform),
-           xticks=range(layers))
-axes[0].legend(fontsize=7, loc="lower left")
-readings = mim_history["readings"]
-mim_steps = max(r["step"] for r in readings if r["stage"] == "mim")
-steps = [r["step"] + (mim_steps if r["stage"] == "finetune" else 0) for r in readings]
-for layer in range(len(readings[0]["distance"])):
-    mean = [np.mean(r["distance"][layer]) for r in readings]
-    nearest_head = [np.min(r["distance"][layer]) for r in readings]
-    axes[2].plot(steps, mean, color=head_colors(layer), label=f"layer {layer}: mean of heads")
-    axes[2].plot(steps, nearest_head, color=head_colors(layer), ls=":", label=f"layer {layer}: nearest head")
-axes[2].axhline(uniform, ls="--", c="gray", lw=1)
-axes[2].axvline(mim_steps, c="k", lw=0.8)
-axes[2].text(mim_steps, 1.04 * uniform, " fine-tuning →", fontsize=8)
-axes[2].set(title="during training", xlabel="step", ylabel="mean attention distance (px)",
-            ylim=(0, 1.15 * uniform))
-axes[2].legend(fontsize=6, ncol=2, loc="lower left")
+def stages_figure(stats: dict, history: dict):
+    """Each stage's heads as dots per layer (the ViT paper's Figure 7), and every layer's mean and nearest head
+    over the run's readings, pre-training then fine-tuning."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), layout="constrained")
+    head_colors = plt.get_cmap("tab10")
+    for ax, (stage, st) in zip(axes[:2], stats.items()):
+        layers, heads = st.distance.shape
+        for h in range(heads):
+            ax.scatter(np.arange(layers) + (h - 1.5) * 0.08, st.distance[:, h], color=head_colors(h), s=25,
+                       edgecolors="k", linewidths=0.4, label=f"head {h}")
+        ax.axhline(uniform, ls="--", c="gray", lw=1, label="uniform")
+        ax.set(title=stage, xlabel="layer", ylabel="mean attention distance (px)", ylim=(0, 1.15 * uniform),
+               xticks=range(layers))
+    axes[0].legend(fontsize=7, loc="lower left")
+    readings = history["readings"]
+    pre_steps = max(r["step"] for r in readings if r["stage"] == "mim")
+    steps = [r["step"] + (pre_steps if r["stage"] == "finetune" else 0) for r in readings]
+    for layer in range(len(readings[0]["distance"])):
+        mean = [np.mean(r["distance"][layer]) for r in readings]
+        nearest_head = [np.min(r["distance"][layer]) for r in readings]
+        axes[2].plot(steps, mean, color=head_colors(layer), label=f"layer {layer}: mean of heads")
+        axes[2].plot(steps, nearest_head, color=head_colors(layer), ls=":", label=f"layer {layer}: nearest head")
+    axes[2].axhline(uniform, ls="--", c="gray", lw=1)
+    axes[2].axvline(pre_steps, c="k", lw=0.8)
+    axes[2].text(pre_steps, 1.04 * uniform, " fine-tuning →", fontsize=8)
+    axes[2].set(title="during training", xlabel="step", ylabel="mean attention distance (px)",
+                ylim=(0, 1.15 * uniform))
+    axes[2].legend(fontsize=6, ncol=2, loc="lower left")
+    return fig
+
+
+fig = stages_figure(mim_stats, mim_history)
 display(fig)
 plt.close(fig)
 

@@ -427,7 +427,7 @@ evenness = min((-(r * r.clamp_min(1e-12).log()).sum(-1) / math.log(r.shape[1])).
 chance = sum(r.shape[0] / r.shape[1] for r in rows0) / sum(r.shape[0] for r in rows0)  # a peak put at random
 display(Markdown(
     f"Before training the attention is spread almost evenly (the first panel): every row's entropy is at least "
-    f"{100 * evenness:.0f}% of a uniform row's. Its peak then lands on the gold word for {100 * curve[0]:.0f}% of "
+    f"{100 * evenness:.1f}% of a uniform row's. Its peak then lands on the gold word for {100 * curve[0]:.0f}% of "
     f"the target words, where a peak put at random would land on it for {100 * chance:.0f}%: in a nearly flat row "
     f"the untrained model's small preferences decide where the peak falls. "
     f"The shares printed above say when the alignment appears; the explorer's slider below shows it forming."))
