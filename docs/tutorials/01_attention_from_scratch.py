@@ -19,10 +19,10 @@
 #
 # Attention came to neural networks through translation. Bahdanau, Cho and Bengio (2014) let a decoder
 # score every source word with a small MLP (additive attention); Luong, Pham and Manning (2015) compared
-# simpler scores, the plain dot product among them; Vaswani et al. (2017) built the transformer on the dot
-# product scaled by 1/√d, with queries, keys and values projected from the sequence itself, several heads
-# side by side, and masks. [Tutorial 3](03_dot_product_to_translation.py) goes back to translation. This
-# one builds today's form from the ground up:
+# several scores (dot, general, concat), the plain dot product among them; Vaswani et al. (2017) built the
+# transformer on the dot product scaled by 1/√d, with queries, keys and values projected from the sequence
+# itself, several heads side by side, and masks. [Tutorial 3](03_dot_product_to_translation.py) goes back
+# to translation. This one builds today's form from the ground up:
 #
 # 1. attention as a weighted average, first of all as kernel regression;
 # 2. the simplest form, softmax(X Xᵀ) X, with no parameters at all;

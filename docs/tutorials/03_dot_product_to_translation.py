@@ -18,9 +18,9 @@
 # **translation**. Bahdanau, Cho and Bengio (2014) let an RNN decoder, at every word it wrote, look back
 # over the encoder's states of the source sentence with a small learned scoring network (additive
 # attention); plotted, the weights it learned looked like a word **alignment**, though no alignment was
-# ever given. Luong, Pham and Manning (2015) compared simpler scores, the plain dot product among them;
-# Vaswani et al. (2017) scaled the dot product by 1/√d, projected queries, keys and values from the
-# sequences themselves, ran several heads side by side, masked, and dropped the RNN.
+# ever given. Luong, Pham and Manning (2015) compared several scores (dot, general, concat), the plain dot
+# product among them; Vaswani et al. (2017) scaled the dot product by 1/√d, projected queries, keys and
+# values from the sequences themselves, ran several heads side by side, masked, and dropped the RNN.
 #
 # This tutorial walks that history backwards, from the simplest form back to where translation
 # began, each step checked against vitscope and PyTorch: parameter-free attention softmax(X Xᵀ) X;
@@ -379,8 +379,8 @@ display(Markdown(
     f"words exactly and {100 * no_long:.0f}% of those of {long_[0]}-{long_[1]}: a fixed-size vector holds a short "
     f"sentence, not a long one. Longer training lifts both but leaves a wide gap between them (the full presets' "
     f"runs in benchmarks/RESULTS.md). With attention the decoder reads the source again at every word, and the "
-    f"long sentences lose far less: {100 * att_short:.0f}% of the short ones and {100 * att_long:.0f}% of the long "
-    f"ones."))
+    f"fall with length is far smaller: {100 * att_short:.0f}% of the short sentences and {100 * att_long:.0f}% of the "
+    f"long ones exactly."))
 assert no_short > no_long + 0.3  # without attention, accuracy falls with length
 assert att_long > no_long + 0.5 and att_long > 0.8  # with it, long sentences are not lost
 assert att_short - att_long < 0.5 * (no_short - no_long)  # and the fall with length is less than half

@@ -290,8 +290,8 @@ wrong = sorted(shown["named"] - truth)
 shorter = "shorter" if beam_row["mean_length"] < greedy_row["mean_length"] else "longer"
 why_shorter = (" A search for the most likely sentence leans towards short ones, since every extra word multiplies "
                "in another probability below 1." if shorter == "shorter" else "")
-easier = (" More item words look at the right cell than items are named right: a caption can look in the "
-          "right place and still name the wrong garment." if beam_row["grounding"] > beam_row["item_accuracy"]
+easier = (" Grounding counts only the words that name a garment the scene holds, so items that are missed or "
+          "misnamed lower the item accuracy but not the grounding." if beam_row["grounding"] > beam_row["item_accuracy"]
           else "")
 display(Markdown(f"""
 The scene holds: {describe(truth)}. Beam 5 captioned it "{shown['caption']}", which names
