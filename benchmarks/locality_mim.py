@@ -18,7 +18,8 @@ It writes to --out (default runs/locality_mim):
 - `finetuned.safetensors`: the same after fine-tuning on labels. Tutorial 2 loads both:
   `cp runs/locality_mim/mim.safetensors docs/tutorials/checkpoints/vit_fmnist_mim.safetensors`,
   `cp runs/locality_mim/finetuned.safetensors docs/tutorials/checkpoints/vit_fmnist_mim_ft.safetensors` and
-  `cp runs/locality_mim/history.json docs/tutorials/checkpoints/locality_mim.json`;
+  `cp runs/locality_mim/history.json docs/tutorials/checkpoints/locality_mim.json` (its noise section: the run
+  `--noise 2.0 --out runs/locality_denoise`, copied to the same names with `denoise` for `mim`);
 - `history.json`: every head's mean attention distance (vitscope.inspect.stats.mean_distance, on 256 test
   images) every --every steps of both stages, the losses, the test accuracy, and this command.
 
