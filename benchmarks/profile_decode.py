@@ -10,7 +10,8 @@ median process CPU time. Then, for vitscope with its kernels:
   fills the caches through the plain forward (the cross-attention's keys and values of every block), then per
   later step the cross-attention, the self-attention, the MLP, the rest (the other linear layers, the norms,
   Python), the way into it (the decoder's forward checking that the fast step may take the call), and greedy's
-  own bookkeeping between steps. The timers' own calls add a little to each part;
+  own bookkeeping between steps. This pass decodes from an encoded memory, apart from the first table's, so its
+  parts need not sum to that table's loop;
 - its encoder by piece, one block at this shape against the PyTorch op that transformers' sdpa ViT runs for the
   same piece, with GFLOP/s and the share of this CPU's float32 matmul peak (a 2048² torch.mm, measured here):
   where both sides' pieces run at the peak, the encoder cannot be much faster than transformers';
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import machine_header  # noqa: E402
+from bench_attention import run_peak  # noqa: E402  (the matmul peak every benchmark here measures)
 from bench_caption import BOS, PAD, build_impl, quick_shape  # noqa: E402
 from vitscope.sequence.decoding import decode  # noqa: E402
 
@@ -64,13 +66,6 @@ def median_ms(fn, rounds: int = 15) -> float:
     """Median process CPU ms of fn() over `rounds` calls, after two untimed ones."""
     fn(), fn()
     return statistics.median(cpu_time(fn) for _ in range(rounds)) * 1e3
-
-
-def mm_peak() -> float:
-    """This CPU's float32 matmul rate in GFLOP/s: the best of five 2048² torch.mm."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    a @ b
-    return max(2 * 2048 ** 3 / cpu_time(lambda: a @ b) for _ in range(5)) / 1e9
 
 
 def loop_parts(model, memory: torch.Tensor, n: int, rounds: int) -> dict[str, float]:
@@ -225,7 +220,7 @@ def main() -> None:
         print(f"| {part} | {ms:.1f} | {ms / args.n:.2f} |")
 
     with torch.inference_mode():
-        peak = mm_peak()
+        peak = run_peak(dict(threads=args.threads, dtype="float32", sizes=[2048], repeats=5))["gflops"]
         pieces = encoder_pieces(model, images)
     print(f"\nvitscope's encoder by piece (one block of {len(model.encoder.blocks)}), median CPU ms; float32 matmul "
           f"peak {peak:.0f} GFLOP/s (2048² torch.mm):\n")
